@@ -1,0 +1,71 @@
+"""What every subcommand shares: error handling, consoles, progress bars."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import traceback
+from dataclasses import dataclass
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..errors import LkvError
+
+
+@dataclass
+class _State:
+    debug: bool = False
+    json: bool = False
+
+
+STATE = _State()
+console = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+RECIPE_HELP = "Recipe YAML (see recipes/); explicit options and KEY=VALUE overrides win over it."
+OVERRIDES_HELP = "Overrides as KEY=VALUE (dotted keys for nested fields), applied last."
+
+
+def fail(message: str, code: int = 2) -> None:
+    console.print(f"[bold red]error:[/] {message}", markup=True, highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def handle_errors(fn):
+    """Turn user errors into one clear line and a non-zero exit; tracebacks only with --debug."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (typer.Exit, typer.Abort):
+            raise
+        except KeyboardInterrupt:
+            console.print("interrupted: everything written so far is kept; re-run the same command to resume")
+            raise typer.Exit(130)
+        except LkvError as exc:
+            if STATE.debug or os.environ.get("LKV_DEBUG"):
+                traceback.print_exc()
+            fail(str(exc))
+        except Exception as exc:  # noqa: BLE001
+            if STATE.debug or os.environ.get("LKV_DEBUG"):
+                raise
+            fail(f"{type(exc).__name__}: {exc} (re-run with --debug for the traceback)", code=1)
+
+    return wrapper
+
+
+def progress(**extra_columns) -> Progress:
+    """A rich progress bar on a terminal; plain periodic lines when output is piped."""
+    columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
+    return Progress(*columns, console=console, disable=not console.is_terminal, transient=False)
+
+
+def plain_line(message: str) -> None:
+    """A progress line for pipes and logs (rich bars are shown only on terminals)."""
+    if not console.is_terminal:
+        print(message, file=sys.stderr, flush=True)

@@ -1,0 +1,163 @@
+"""The vendored public-domain texts (Shakespeare plays) and helpers to slice them.
+
+Texts live in ``prompts/texts/*.txt`` (see ``texts/SOURCES.json``) and are read with
+importlib.resources. Everything here is deterministic: files, starts and vocabulary are sorted.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import random
+import re
+from collections import Counter
+from dataclasses import dataclass
+from functools import lru_cache
+from importlib import resources
+from typing import Sequence
+
+_LABEL = re.compile(r"^[A-Z][A-Za-z' -]{0,28}[A-Za-z]\.?$")
+_HEADING = re.compile(r"^(act|scene)\b", re.IGNORECASE)
+_VOCAB_WORD = re.compile(r"(?<![A-Za-z'])[a-z]{4,10}(?![A-Za-z'])")
+
+
+@dataclass(frozen=True)
+class Play:
+    file: str
+    title: str
+    lines: tuple[str, ...]
+    speech_starts: tuple[int, ...]   # speaker-label lines after the first ACT/SCENE heading
+    cum_words: tuple[int, ...]       # cum_words[i] = words in lines[:i]
+
+
+def is_speaker_label(lines: Sequence[str], i: int) -> bool:
+    """A short capitalised line after a blank line and followed by the speech, e.g. 'Ham.' or 'FIRST WITCH.'."""
+    line = lines[i]
+    return (
+        bool(_LABEL.match(line))
+        and len(line.split()) <= 4
+        and (i == 0 or lines[i - 1] == "")
+        and i + 1 < len(lines)
+        and lines[i + 1] != ""
+        and not _HEADING.match(line)
+    )
+
+
+def speeches(lines: Sequence[str]) -> list[tuple[str, int, int]]:
+    """(label, first text line, end) of every speech that is complete within ``lines``."""
+    out = []
+    for i in range(len(lines)):
+        if is_speaker_label(lines, i):
+            end = i + 1
+            while end < len(lines) and lines[end] != "":
+                end += 1
+            if end < len(lines):  # the last speech may be cut by the slice
+                out.append((lines[i], i + 1, end))
+    return out
+
+
+def speakers(lines: Sequence[str]) -> list[str]:
+    """Speaker labels (without the final '.') in order of first appearance."""
+    seen: dict[str, None] = {}
+    for i in range(len(lines)):
+        if is_speaker_label(lines, i):
+            seen.setdefault(lines[i].rstrip("."), None)
+    return list(seen)
+
+
+def _texts_dir():
+    return resources.files("lkvcli.prompts").joinpath("texts")
+
+
+@lru_cache(maxsize=1)
+def load_plays() -> tuple[Play, ...]:
+    root = _texts_dir()
+    titles = {f["file"]: f["title"] for f in json.loads(root.joinpath("SOURCES.json").read_text("utf-8"))["files"]}
+    plays = []
+    for entry in sorted((e for e in root.iterdir() if e.name.endswith(".txt")), key=lambda e: e.name):
+        lines = tuple(entry.read_text("utf-8").split("\n"))
+        first = next((i for i, line in enumerate(lines) if _HEADING.match(line)), 0)
+        starts = tuple(i for i in range(first, len(lines)) if is_speaker_label(lines, i))
+        cum = [0]
+        for line in lines:
+            cum.append(cum[-1] + len(line.split()))
+        plays.append(Play(entry.name, titles.get(entry.name, entry.name), lines, starts, tuple(cum)))
+    return tuple(plays)
+
+
+@lru_cache(maxsize=1)
+def vocabulary() -> tuple[str, ...]:
+    """Sorted lowercase words (4-10 letters) that occur at least twice in the vendored texts."""
+    counts: Counter[str] = Counter()
+    for play in load_plays():
+        counts.update(_VOCAB_WORD.findall("\n".join(play.lines)))
+    return tuple(sorted(w for w, n in counts.items() if n >= 2))
+
+
+@dataclass
+class Haystack:
+    """A contiguous stream of real text lines starting at a speech; spills into the next play if needed."""
+
+    lines: list[str]
+    meta: dict
+
+
+def make_haystack(rng: random.Random, min_words: int) -> Haystack:
+    """Seeded play and start (a speech) with at least ``min_words`` words of text after it."""
+    plays = load_plays()
+    k = rng.randrange(len(plays))
+    play = plays[k]
+    total = play.cum_words[-1]
+    fits = [s for s in play.speech_starts if total - play.cum_words[s] >= min_words]
+    if fits:
+        start = fits[rng.randrange(len(fits))]
+    else:
+        start = play.speech_starts[0] if play.speech_starts else 0
+    lines = list(play.lines[start:])
+    words = total - play.cum_words[start]
+    spill = []
+    while words < min_words:
+        k = (k + 1) % len(plays)
+        lines += [""] + list(plays[k].lines)
+        words += plays[k].cum_words[-1]
+        spill.append(plays[k].file)
+    while lines and lines[-1] == "":
+        lines.pop()
+    meta = {"file": play.file, "title": play.title, "start_line": start + 1}
+    if spill:
+        meta["continues_into"] = spill
+    return Haystack(lines, meta)
+
+
+def passage(lines: Sequence[str], size: int) -> list[str]:
+    """The first ``size`` lines, without trailing blank lines."""
+    out = list(lines[:size])
+    while out and out[-1] == "":
+        out.pop()
+    return out
+
+
+def insert_paragraphs(lines: Sequence[str], inserts: Sequence[tuple[float, str]]) -> str:
+    """Join ``lines`` with each insert as its own paragraph at the paragraph break nearest its depth.
+
+    ``depth`` is a fraction of the text (0 = start, 1 = end). Inserts that land on the same break
+    keep their order in ``inserts``; give them sorted by depth to keep a sequence in order.
+    """
+    n = len(lines)
+    bounds = [0] + [i for i in range(1, n) if lines[i - 1] == "" and lines[i] != ""] + [n]
+    at: dict[int, list[str]] = {}
+    for depth, text in inserts:
+        target = min(max(depth, 0.0), 1.0) * n
+        j = bisect.bisect_left(bounds, target)
+        near = [b for b in bounds[max(j - 1, 0): j + 1]]
+        pos = min(near, key=lambda b: (abs(b - target), b))
+        at.setdefault(pos, []).append(text)
+    out: list[str] = []
+    for i in range(n + 1):
+        for text in at.get(i, ()):
+            if out and out[-1] != "":
+                out.append("")
+            out += [text, ""]
+        if i < n:
+            out.append(lines[i])
+    return "\n".join(out).strip("\n")

@@ -1,0 +1,321 @@
+"""The targets folder: ground-truth attention records written by ``lkv collect``, read by train and eval.
+
+Layout (format ``lkv-targets`` version 1, documented in docs/formats.md)::
+
+    OUT/manifest.json               model fingerprint, settings, lkv version
+    OUT/records.jsonl               one JSON object per record, appended as shard files land
+    OUT/targets-00000.safetensors   tensors of up to ``records_per_file`` records
+
+Every file is written aside and renamed into place; a record line is appended only once
+its tensors are on disk, so a crash at any moment loses at most the records still in
+memory and never leaves a corrupt file. Several folders (for example the
+``shard-I-of-N`` folders of a parallel collection) read as one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from . import __version__
+from .attention import normalise
+from .errors import LkvError
+from .models import same_model
+
+FORMAT = "lkv-targets"
+VERSION = 1
+MANIFEST = "manifest.json"
+RECORDS = "records.jsonl"
+STORAGE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class TargetRecord:
+    """One collected example: token ids, the dense renormalised target and its metadata."""
+
+    id: str
+    prompt_ids: torch.Tensor  # (L,) int64
+    response_ids: torch.Tensor  # (R,) int64
+    target: torch.Tensor  # (layers, kv_heads, L) float32, each row sums to 1 (or is all zero)
+    meta: dict = field(default_factory=dict)
+
+    @property
+    def prompt_len(self) -> int:
+        return int(self.prompt_ids.numel())
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def save_tensors_atomic(path: Path, tensors: dict, metadata: dict | None = None) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def sparsify(target: torch.Tensor, mass: float) -> dict[str, torch.Tensor]:
+    """Per (layer, head) row, the fewest positions holding ``mass`` of the total, with their values."""
+    rows = target.reshape(-1, target.shape[-1]).float()
+    values, order = rows.sort(dim=-1, descending=True)
+    cum = values.cumsum(-1)
+    total = cum[:, -1:].clamp_min(1e-30)
+    keep = ((cum - values) < mass * total).sum(-1).clamp_min(1)  # prefix that first reaches `mass`
+    offsets = torch.zeros(rows.shape[0] + 1, dtype=torch.int64)
+    offsets[1:] = keep.cumsum(0)
+    idx = torch.cat([order[r, : int(k)] for r, k in enumerate(keep)])
+    val = torch.cat([values[r, : int(k)] for r, k in enumerate(keep)])
+    return {"indices": idx.to(torch.int32), "values": val, "offsets": offsets}
+
+
+def densify(indices, values, offsets, shape) -> torch.Tensor:
+    rows = torch.zeros(shape[0] * shape[1], shape[2], dtype=torch.float32)
+    counts = offsets[1:] - offsets[:-1]
+    row_of = torch.repeat_interleave(torch.arange(rows.shape[0]), counts)
+    rows[row_of, indices.long()] = values.float()
+    return rows.view(shape)
+
+
+class TargetsWriter:
+    """Append records to a targets folder; resumable, atomic, refuses another model's folder."""
+
+    def __init__(self, folder: str | Path, manifest: dict, *, overwrite: bool = False, records_per_file: int = 16):
+        self.folder = Path(folder)
+        self.manifest = manifest
+        self.records_per_file = max(1, records_per_file)
+        self.storage = manifest["settings"]["storage"]
+        self.dtype = STORAGE_DTYPES[manifest["settings"]["storage_dtype"]]
+        self.sparse_mass = manifest["settings"].get("sparse_mass", 0.99)
+        self._pending: list[tuple[dict, dict]] = []
+        self._open(overwrite)
+
+    def _open(self, overwrite: bool) -> None:
+        path = self.folder / MANIFEST
+        if self.folder.exists() and not self.folder.is_dir():
+            raise LkvError(f"{self.folder} is a file; give a folder for the targets")
+        if path.is_file() and overwrite:
+            self._wipe()
+        elif path.is_file():
+            old = read_manifest(self.folder)
+            if not same_model(old["model"]["fingerprint"], self.manifest["model"]["fingerprint"]):
+                raise LkvError(
+                    f"{self.folder} holds targets collected for another model ({old['model']['source']}); "
+                    "use another --out folder, or --overwrite to replace them"
+                )
+            if old["settings"] != self.manifest["settings"]:
+                diff = sorted(k for k in set(old["settings"]) | set(self.manifest["settings"])
+                              if old["settings"].get(k) != self.manifest["settings"].get(k))
+                raise LkvError(
+                    f"{self.folder} was collected with other settings ({', '.join(diff)}); re-run with the same "
+                    "settings to resume, use another --out folder, or --overwrite"
+                )
+        elif self.folder.is_dir() and any(self.folder.iterdir()):
+            raise LkvError(f"{self.folder} exists and is not a targets folder; give an empty or new --out folder")
+        self.folder.mkdir(parents=True, exist_ok=True)
+        if not path.is_file():
+            write_json_atomic(path, self.manifest)
+        self.records = _read_records(self.folder, repair=True)
+        self.done_ids = {r["id"] for r in self.records}
+        used = [int(p.stem.split("-")[1]) for p in self.folder.glob("targets-*.safetensors")]
+        self._next_file = max(used, default=-1) + 1
+
+    def _wipe(self) -> None:
+        for p in self.folder.iterdir():
+            if p.name in (MANIFEST, RECORDS) or p.name.startswith("targets-") or p.name.endswith(".tmp"):
+                p.unlink()
+            elif p.is_dir() and p.name.startswith("shard-"):
+                shutil.rmtree(p)
+
+    def add(self, meta: dict, prompt_ids: torch.Tensor, response_ids: torch.Tensor, target: torch.Tensor) -> None:
+        """Queue one record; shard files are written every ``records_per_file`` records."""
+        rid = meta["id"]
+        if rid in self.done_ids or any(m["id"] == rid for m, _ in self._pending):
+            raise LkvError(f"record id {rid!r} is already in {self.folder}; record ids must be unique")
+        tensors = {
+            f"{rid}.prompt_ids": prompt_ids.reshape(-1).to("cpu", torch.int32),
+            f"{rid}.response_ids": response_ids.reshape(-1).to("cpu", torch.int32),
+        }
+        target = target.detach().float().cpu()
+        if self.storage == "dense":
+            tensors[f"{rid}.target"] = target.to(self.dtype)
+        else:
+            parts = sparsify(target, self.sparse_mass)
+            parts["values"] = parts["values"].to(self.dtype)
+            tensors.update({f"{rid}.{k}": v for k, v in parts.items()})
+        meta = {**meta, "prompt_len": int(prompt_ids.numel()), "response_len": int(response_ids.numel()),
+                "target_shape": list(target.shape)}
+        self._pending.append((meta, tensors))
+        if len(self._pending) >= self.records_per_file:
+            self.flush()
+
+    def flush(self) -> None:
+        """Write queued records: the shard file first, then their lines in records.jsonl."""
+        if not self._pending:
+            return
+        name = f"targets-{self._next_file:05d}.safetensors"
+        tensors = {k: v for _, t in self._pending for k, v in t.items()}
+        save_tensors_atomic(self.folder / name, tensors, metadata={"format": FORMAT, "version": str(VERSION)})
+        lines = []
+        for meta, _ in self._pending:
+            meta = {**meta, "file": name}
+            lines.append(json.dumps(meta, ensure_ascii=False) + "\n")
+            self.records.append(meta)
+            self.done_ids.add(meta["id"])
+        with open(self.folder / RECORDS, "a", encoding="utf-8") as fh:
+            fh.write("".join(lines))
+            fh.flush()
+            os.fsync(fh.fileno())
+        self._next_file += 1
+        self._pending = []
+
+    def close(self) -> None:
+        self.flush()
+
+
+def read_manifest(folder: Path) -> dict:
+    path = Path(folder) / MANIFEST
+    if not path.is_file():
+        raise LkvError(f"{folder} is not a targets folder (no {MANIFEST}); run `lkv collect --out {folder}` first")
+    try:
+        manifest = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise LkvError(f"{path} is not valid JSON ({exc.msg}); re-collect into a new folder") from exc
+    if manifest.get("format") != FORMAT:
+        raise LkvError(f"{path} is not an lkv targets manifest")
+    if manifest.get("version", 0) > VERSION:
+        raise LkvError(f"{folder} uses targets format v{manifest['version']}; upgrade lkv to read it")
+    return manifest
+
+
+def _read_records(folder: Path, repair: bool = False) -> list[dict]:
+    path = folder / RECORDS
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    good_end = raw.rfind(b"\n") + 1
+    if good_end < len(raw) and repair:  # a crash mid-append left a partial last line
+        with open(path, "r+b") as fh:
+            fh.truncate(good_end)
+    records = []
+    for lineno, line in enumerate(raw[:good_end].decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise LkvError(f"{path} line {lineno}: malformed record ({exc.msg}); delete that line to re-collect it") from exc
+    return records
+
+
+def expand_folders(paths) -> list[Path]:
+    """A folder holding ``shard-*`` sub-folders stands for those folders."""
+    out = []
+    for p in [paths] if isinstance(paths, (str, Path)) else paths:
+        p = Path(p)
+        shards = sorted(d for d in p.glob("shard-*") if (d / MANIFEST).is_file()) if p.is_dir() else []
+        if shards and not (p / MANIFEST).is_file():
+            out.extend(shards)
+        else:
+            out.append(p)
+    return out
+
+
+class TargetsReader:
+    """Read one or several targets folders as one sequence of :class:`TargetRecord`."""
+
+    def __init__(self, paths):
+        self.folders = expand_folders(paths)
+        if not self.folders:
+            raise LkvError("no targets folder given")
+        self.manifests = [read_manifest(f) for f in self.folders]
+        first = self.manifests[0]
+        for folder, m in zip(self.folders[1:], self.manifests[1:]):
+            if not same_model(first["model"]["fingerprint"], m["model"]["fingerprint"]):
+                raise LkvError(f"{folder} was collected for another model than {self.folders[0]}; read them separately")
+        self.entries: list[tuple[Path, dict]] = []
+        seen = set()
+        for folder in self.folders:
+            for rec in _read_records(folder):
+                if rec["id"] in seen:
+                    continue
+                seen.add(rec["id"])
+                self.entries.append((folder, rec))
+
+    @property
+    def manifest(self) -> dict:
+        return self.manifests[0]
+
+    @property
+    def fingerprint(self) -> dict:
+        return self.manifest["model"]["fingerprint"]
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def ids(self) -> list[str]:
+        return [rec["id"] for _, rec in self.entries]
+
+    def meta(self, i: int) -> dict:
+        return self.entries[i][1]
+
+    def __getitem__(self, i: int) -> TargetRecord:
+        folder, rec = self.entries[i]
+        rid, path = rec["id"], folder / rec["file"]
+        try:
+            with safe_open(str(path), framework="pt") as fh:
+                get = fh.get_tensor
+                prompt_ids = get(f"{rid}.prompt_ids").long()
+                response_ids = get(f"{rid}.response_ids").long()
+                shape = rec["target_shape"]
+                if f"{rid}.target" in fh.keys():
+                    target = get(f"{rid}.target").float()
+                else:
+                    target = densify(get(f"{rid}.indices"), get(f"{rid}.values"), get(f"{rid}.offsets"), shape)
+        except Exception as exc:  # noqa: BLE001 - any unreadable shard is the same user problem
+            raise LkvError(f"{path}: cannot read record {rid!r} ({exc}); re-collect into a new folder") from exc
+        return TargetRecord(id=rid, prompt_ids=prompt_ids, response_ids=response_ids,
+                            target=normalise(target), meta=rec)
+
+
+def new_manifest(source: str, fingerprint: dict, settings: dict, num_layers: int, num_kv_heads: int) -> dict:
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "lkv_version": __version__,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": {"source": source, "fingerprint": fingerprint},
+        "num_layers": num_layers,
+        "num_kv_heads": num_kv_heads,
+        "settings": settings,
+    }
