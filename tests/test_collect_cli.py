@@ -1,0 +1,132 @@
+"""`lkv collect` through the CLI: end to end on a tiny model, resume, shards, and every bad input."""
+
+import json
+
+import pytest
+from helpers import tiny_llama_folder
+from typer.testing import CliRunner
+
+from lkvcli.cli import app
+from lkvcli.targets import TargetsReader
+
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return tiny_llama_folder(tmp_path_factory.mktemp("tiny") / "model", max_positions=160)
+
+
+def lkv(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def write_jsonl(path, rows):
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows))
+    return path
+
+
+ROWS = [{"id": "a", "prompt": "Name a colour."}, {"id": "b", "context": "Tom has a red hat.", "question": "What colour?",
+                                                  "answer": "red"},
+        {"id": "c", "messages": [{"role": "user", "content": "Say hi."}]}]
+
+
+def one_line_error(result, *needles):
+    assert result.exit_code != 0
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.output
+    text = errors[0]
+    for needle in needles:
+        assert needle in text, text
+    return text
+
+
+def test_collect_end_to_end_then_resume(tiny_dir, tmp_path):
+    data = write_jsonl(tmp_path / "p.jsonl", ROWS)
+    out = tmp_path / "t"
+    r = lkv("--json", "collect", "--model", tiny_dir, "--data", data, "--out", out, "--max-new-tokens", 4)
+    assert r.exit_code == 0, r.output
+    reader = TargetsReader(out)
+    assert sorted(reader.ids()) == ["a", "b", "c"]
+    rec = reader[reader.ids().index("b")]
+    assert rec.meta["answer"] == "red" and rec.meta["question"] == "What colour?"
+    assert rec.target.shape == (2, 2, rec.prompt_len)
+    assert rec.meta["prompt_text"].startswith("<|im_start|>")
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["settings"]["max_new_tokens"] == 4 and manifest["model"]["fingerprint"]["weights"]
+
+    before = (out / "records.jsonl").read_text()
+    write_jsonl(data, ROWS + [{"id": "d", "prompt": "One more."}])
+    r = lkv("--json", "collect", "--model", tiny_dir, "--data", data, "--out", out, "--max-new-tokens", 4)
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout[r.stdout.index("{"):])
+    assert summary["already_done"] == 3 and summary["written"] == 1
+    after = (out / "records.jsonl").read_text()
+    assert after.startswith(before) and len(after.splitlines()) == 4
+
+
+def test_shards_split_the_prompts_and_read_as_one(tiny_dir, tmp_path):
+    data = write_jsonl(tmp_path / "p.jsonl", ROWS)
+    for i in range(2):
+        r = lkv("collect", "--model", tiny_dir, "--data", data, "--out", tmp_path / "o", "--max-new-tokens", 2,
+                "--num-shards", 2, "--shard-index", i)
+        assert r.exit_code == 0, r.output
+    assert len(TargetsReader(tmp_path / "o" / "shard-0-of-2")) == 2
+    assert sorted(TargetsReader(tmp_path / "o").ids()) == ["a", "b", "c"]
+
+
+def test_missing_file(tiny_dir, tmp_path):
+    one_line_error(lkv("collect", "--model", tiny_dir, "--data", tmp_path / "nope.jsonl", "--out", tmp_path / "t"),
+                   "nope.jsonl")
+
+
+def test_empty_dataset(tiny_dir, tmp_path):
+    (tmp_path / "e.jsonl").write_text("")
+    one_line_error(lkv("collect", "--model", tiny_dir, "--data", tmp_path / "e.jsonl", "--out", tmp_path / "t"),
+                   "no records")
+
+
+def test_malformed_line_reports_its_number(tiny_dir, tmp_path):
+    data = write_jsonl(tmp_path / "p.jsonl", [ROWS[0], ROWS[1], '{"prompt": "broken'])
+    one_line_error(lkv("collect", "--model", tiny_dir, "--data", data, "--out", tmp_path / "t"), "line 3")
+
+
+def test_record_without_accepted_fields(tiny_dir, tmp_path):
+    data = write_jsonl(tmp_path / "p.jsonl", [ROWS[0], {"text": "what field is this?"}])
+    one_line_error(lkv("collect", "--model", tiny_dir, "--data", data, "--out", tmp_path / "t"), "line 2", "prompt")
+
+
+def test_prompt_longer_than_context_is_skipped_or_fails_with_strict(tiny_dir, tmp_path):
+    data = write_jsonl(tmp_path / "p.jsonl", [ROWS[0], {"id": "long", "prompt": "word " * 400}])
+    r = lkv("--json", "collect", "--model", tiny_dir, "--data", data, "--out", tmp_path / "t", "--max-new-tokens", 2)
+    assert r.exit_code == 0, r.output
+    summary = json.loads(r.stdout[r.stdout.index("{"):])
+    assert summary["written"] == 1 and summary["skipped_too_long"] == 1
+    r = lkv("collect", "--model", tiny_dir, "--data", data, "--out", tmp_path / "t2", "--max-new-tokens", 2, "--strict")
+    one_line_error(r, "long", "context")
+
+
+def test_unknown_model_name(tmp_path):
+    data = write_jsonl(tmp_path / "p.jsonl", ROWS)
+    one_line_error(lkv("collect", "--model", "no-such-model", "--data", data, "--out", tmp_path / "t"),
+                   "unknown model", "smollm2-135m-instruct")
+
+
+def test_folder_from_another_model_is_refused_and_kept(tiny_dir, tmp_path):
+    data = write_jsonl(tmp_path / "p.jsonl", ROWS[:1])
+    out = tmp_path / "t"
+    assert lkv("collect", "--model", tiny_dir, "--data", data, "--out", out, "--max-new-tokens", 2).exit_code == 0
+    snapshot = {p.name: p.read_bytes() for p in out.iterdir()}
+    other = tiny_llama_folder(tmp_path / "other", seed=5, max_positions=160)
+    one_line_error(lkv("collect", "--model", other, "--data", data, "--out", out), "another model", "--overwrite")
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == snapshot
+    r = lkv("collect", "--model", other, "--data", data, "--out", out, "--max-new-tokens", 2, "--overwrite")
+    assert r.exit_code == 0, r.output
+
+
+def test_bad_option_values(tiny_dir, tmp_path):
+    data = write_jsonl(tmp_path / "p.jsonl", ROWS)
+    one_line_error(lkv("collect", "--model", tiny_dir, "--data", data, "--reduction", "median"), "reduction")
+    one_line_error(lkv("collect", "--data", data, "--num-shards", 2, "--shard-index", 2), "shard_index")
+    one_line_error(lkv("collect", "--data", data, "bogus_field=1"), "unknown field", "bogus_field")

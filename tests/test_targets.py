@@ -1,0 +1,130 @@
+"""The targets folder: round trips, compact storage, resume after a crash, refusals."""
+
+import json
+
+import pytest
+import torch
+
+from lkvcli.errors import LkvError
+from lkvcli.targets import RECORDS, TargetsReader, TargetsWriter, densify, new_manifest, sparsify
+
+FP = {"model_type": "llama", "config": "c1", "tokenizer": "t1", "weights": "w1", "chat_template": "x"}
+SETTINGS = {"max_new_tokens": 8, "reduction": "mean", "storage": "dense", "storage_dtype": "float16",
+            "chat_template": "x"}
+
+
+def manifest(fp=FP, **settings):
+    return new_manifest("m", fp, {**SETTINGS, **settings}, 3, 2)
+
+
+def random_target(L, seed=0, layers=3, heads=2):
+    g = torch.Generator().manual_seed(seed)
+    t = torch.rand(layers, heads, L, generator=g) ** 4
+    return t / t.sum(-1, keepdim=True)
+
+
+def write(folder, n, start=0, **settings):
+    w = TargetsWriter(folder, manifest(**settings), records_per_file=2)
+    for i in range(start, start + n):
+        w.add({"id": f"r{i}", "task": "needle"}, torch.arange(10 + i), torch.arange(3), random_target(10 + i, i))
+    w.close()
+    return w
+
+
+def test_dense_float16_round_trip(tmp_path):
+    write(tmp_path / "t", 3)
+    reader = TargetsReader(tmp_path / "t")
+    assert reader.ids() == ["r0", "r1", "r2"]
+    rec = reader[2]
+    assert rec.prompt_len == 12 and rec.meta["task"] == "needle"
+    ref = random_target(12, 2)
+    assert torch.allclose(rec.target, ref, rtol=2e-3, atol=1e-6)
+    assert torch.allclose(rec.target.sum(-1), torch.ones(3, 2))
+
+
+def test_sparse_form_keeps_the_mass_and_reads_back_dense(tmp_path):
+    target = random_target(500, 7)
+    parts = sparsify(target, 0.99)
+    dense = densify(parts["indices"], parts["values"], parts["offsets"], target.shape)
+    kept = dense.sum(-1)
+    assert (kept >= 0.99 - 1e-6).all()
+    assert parts["indices"].numel() < target.numel()  # smaller than dense
+    # the kept entries are the largest ones of each row
+    row_min_kept = torch.where(dense > 0, dense, torch.inf).amin(-1)
+    row_max_dropped = torch.where(dense == 0, target, -torch.inf).amax(-1)
+    assert (row_min_kept >= row_max_dropped).all()
+
+    w = TargetsWriter(tmp_path / "s", manifest(storage="sparse", sparse_mass=0.99))
+    w.add({"id": "a"}, torch.arange(500), torch.arange(4), target)
+    w.close()
+    rec = TargetsReader(tmp_path / "s")[0]
+    assert torch.allclose(rec.target.sum(-1), torch.ones(3, 2))
+    assert (rec.target - target).abs().max() < 0.02
+
+
+def test_resume_never_duplicates_and_repairs_a_partial_line(tmp_path):
+    folder = tmp_path / "t"
+    write(folder, 3)
+    with open(folder / RECORDS, "a") as fh:  # a crash in the middle of an append
+        fh.write('{"id": "r9", "fi')
+    w = TargetsWriter(folder, manifest(), records_per_file=2)
+    assert w.done_ids == {"r0", "r1", "r2"}
+    with pytest.raises(LkvError, match="already"):
+        w.add({"id": "r1"}, torch.arange(4), torch.arange(2), random_target(4))
+    w.add({"id": "r3"}, torch.arange(4), torch.arange(2), random_target(4))
+    w.close()
+    lines = (folder / RECORDS).read_text().splitlines()
+    assert [json.loads(x)["id"] for x in lines] == ["r0", "r1", "r2", "r3"]
+    assert len(TargetsReader(folder)) == 4
+
+
+def test_records_in_memory_are_flushed_on_close_and_files_are_not_overwritten(tmp_path):
+    folder = tmp_path / "t"
+    write(folder, 3)  # files 00000 (r0,r1) and 00001 (r2)
+    before = (folder / "targets-00000.safetensors").read_bytes()
+    write(folder, 1, start=3)
+    assert (folder / "targets-00000.safetensors").read_bytes() == before
+    assert sorted(p.name for p in folder.glob("targets-*")) == [f"targets-0000{i}.safetensors" for i in range(3)]
+    assert not list(folder.glob("*.tmp"))
+
+
+def test_folder_of_another_model_is_refused_unless_overwrite(tmp_path):
+    folder = tmp_path / "t"
+    write(folder, 2)
+    other = {**FP, "weights": "w2"}
+    with pytest.raises(LkvError, match="another model"):
+        TargetsWriter(folder, manifest(other))
+    w = TargetsWriter(folder, manifest(other), overwrite=True)
+    assert w.done_ids == set()
+
+
+def test_other_settings_are_refused(tmp_path):
+    folder = tmp_path / "t"
+    write(folder, 1)
+    with pytest.raises(LkvError, match="max_new_tokens"):
+        TargetsWriter(folder, new_manifest("m", FP, {**SETTINGS, "max_new_tokens": 9}, 3, 2))
+
+
+def test_reader_joins_shard_folders(tmp_path):
+    write(tmp_path / "out" / "shard-0-of-2", 2)
+    write(tmp_path / "out" / "shard-1-of-2", 2, start=2)
+    reader = TargetsReader(tmp_path / "out")
+    assert sorted(reader.ids()) == ["r0", "r1", "r2", "r3"]
+    assert len(TargetsReader([tmp_path / "out" / "shard-0-of-2", tmp_path / "out" / "shard-1-of-2"])) == 4
+
+
+def test_reader_refuses_mixed_models_and_missing_folders(tmp_path):
+    write(tmp_path / "a", 1)
+    w = TargetsWriter(tmp_path / "b", manifest({**FP, "weights": "zz"}))
+    w.close()
+    with pytest.raises(LkvError, match="another model"):
+        TargetsReader([tmp_path / "a", tmp_path / "b"])
+    with pytest.raises(LkvError, match="not a targets folder"):
+        TargetsReader(tmp_path / "missing")
+
+
+def test_corrupt_shard_gives_a_clear_error(tmp_path):
+    write(tmp_path / "t", 1)
+    (tmp_path / "t" / "targets-00000.safetensors").write_bytes(b"garbage")
+    with pytest.raises(LkvError, match="cannot read record"):
+        TargetsReader(tmp_path / "t")[0]
