@@ -130,3 +130,15 @@ def test_bad_option_values(tiny_dir, tmp_path):
     one_line_error(lkv("collect", "--model", tiny_dir, "--data", data, "--reduction", "median"), "reduction")
     one_line_error(lkv("collect", "--data", data, "--num-shards", 2, "--shard-index", 2), "shard_index")
     one_line_error(lkv("collect", "--data", data, "bogus_field=1"), "unknown field", "bogus_field")
+
+
+def test_launcher_environment_sets_the_shard():
+    from lkvcli.collect import CollectConfig
+
+    config = CollectConfig(device="cpu")
+    config.apply_launcher_env({"WORLD_SIZE": "4", "RANK": "2", "LOCAL_RANK": "0"})
+    assert (config.num_shards, config.shard_index) == (4, 2)
+    assert str(config.out_folder()).endswith("shard-2-of-4")
+    explicit = CollectConfig(num_shards=2, shard_index=1)
+    explicit.apply_launcher_env({"WORLD_SIZE": "4", "RANK": "2"})
+    assert (explicit.num_shards, explicit.shard_index) == (2, 1)

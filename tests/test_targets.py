@@ -54,6 +54,10 @@ def test_sparse_form_keeps_the_mass_and_reads_back_dense(tmp_path):
     row_max_dropped = torch.where(dense == 0, target, -torch.inf).amax(-1)
     assert (row_min_kept >= row_max_dropped).all()
 
+    capped = sparsify(target, 0.99, top_k=50)
+    assert (capped["offsets"][1:] - capped["offsets"][:-1]).max() == 50
+    assert capped["indices"].dtype == torch.int16
+
     w = TargetsWriter(tmp_path / "s", manifest(storage="sparse", sparse_mass=0.99))
     w.add({"id": "a"}, torch.arange(500), torch.arange(4), target)
     w.close()

@@ -11,6 +11,7 @@ that every response token contributes its query.
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -37,6 +38,7 @@ class CollectConfig:
     storage: Literal["dense", "sparse"] = "dense"
     storage_dtype: Literal["float16", "bfloat16", "float32"] = "float16"
     sparse_mass: float = 0.99
+    sparse_top_k: int | None = None
     seed: int = 0
     limit: int | None = None
     num_shards: int = 1
@@ -55,6 +57,8 @@ class CollectConfig:
             raise LkvError("sparse_mass must be in (0, 1], for example 0.99")
         if self.num_shards < 1 or not 0 <= self.shard_index < self.num_shards:
             raise LkvError(f"shard_index must be in 0..{self.num_shards - 1} (num_shards={self.num_shards})")
+        if self.sparse_top_k is not None and self.sparse_top_k < 1:
+            raise LkvError("sparse_top_k must be at least 1 (or unset)")
         if self.limit is not None and self.limit < 1:
             raise LkvError("limit must be at least 1")
 
@@ -63,8 +67,17 @@ class CollectConfig:
         s = {k: getattr(self, k) for k in ("max_new_tokens", "reduction", "storage", "storage_dtype")}
         if self.storage == "sparse":
             s["sparse_mass"] = self.sparse_mass
+            s["sparse_top_k"] = self.sparse_top_k
         s["chat_template"] = chat_template
         return s
+
+    def apply_launcher_env(self, env: dict) -> None:
+        """Under ``torchrun`` / ``accelerate launch``: one shard per process, one GPU per local rank."""
+        world, rank = int(env.get("WORLD_SIZE", 1)), int(env.get("RANK", 0))
+        if world > 1 and self.num_shards == 1:
+            self.num_shards, self.shard_index = world, rank
+            if self.device == "auto" and torch.cuda.is_available():
+                self.device = f"cuda:{int(env.get('LOCAL_RANK', 0))}"
 
     def out_folder(self) -> Path:
         out = Path(self.out)
@@ -118,6 +131,7 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
     from .prompts import PromptSourceError, load_prompts
 
     emit = on_event or (lambda kind, **info: None)
+    config.apply_launcher_env(dict(os.environ))
     config.validate()
 
     def read_prompts(tokenizer=None):

@@ -93,18 +93,24 @@ def save_tensors_atomic(path: Path, tensors: dict, metadata: dict | None = None)
             os.unlink(tmp)
 
 
-def sparsify(target: torch.Tensor, mass: float) -> dict[str, torch.Tensor]:
-    """Per (layer, head) row, the fewest positions holding ``mass`` of the total, with their values."""
+def sparsify(target: torch.Tensor, mass: float, top_k: int | None = None) -> dict[str, torch.Tensor]:
+    """Per (layer, head) row, the fewest positions holding ``mass`` of the total (at most ``top_k``), with values.
+
+    Indices are int16 when the prompt is shorter than 32768 tokens, else int32.
+    """
     rows = target.reshape(-1, target.shape[-1]).float()
     values, order = rows.sort(dim=-1, descending=True)
     cum = values.cumsum(-1)
     total = cum[:, -1:].clamp_min(1e-30)
     keep = ((cum - values) < mass * total).sum(-1).clamp_min(1)  # prefix that first reaches `mass`
+    if top_k:
+        keep = keep.clamp_max(top_k)
     offsets = torch.zeros(rows.shape[0] + 1, dtype=torch.int64)
     offsets[1:] = keep.cumsum(0)
     idx = torch.cat([order[r, : int(k)] for r, k in enumerate(keep)])
     val = torch.cat([values[r, : int(k)] for r, k in enumerate(keep)])
-    return {"indices": idx.to(torch.int32), "values": val, "offsets": offsets}
+    index_dtype = torch.int16 if target.shape[-1] <= torch.iinfo(torch.int16).max else torch.int32
+    return {"indices": idx.to(index_dtype), "values": val, "offsets": offsets}
 
 
 def densify(indices, values, offsets, shape) -> torch.Tensor:
@@ -125,6 +131,7 @@ class TargetsWriter:
         self.storage = manifest["settings"]["storage"]
         self.dtype = STORAGE_DTYPES[manifest["settings"]["storage_dtype"]]
         self.sparse_mass = manifest["settings"].get("sparse_mass", 0.99)
+        self.sparse_top_k = manifest["settings"].get("sparse_top_k")
         self._pending: list[tuple[dict, dict]] = []
         self._open(overwrite)
 
@@ -178,7 +185,7 @@ class TargetsWriter:
         if self.storage == "dense":
             tensors[f"{rid}.target"] = target.to(self.dtype)
         else:
-            parts = sparsify(target, self.sparse_mass)
+            parts = sparsify(target, self.sparse_mass, self.sparse_top_k)
             parts["values"] = parts["values"].to(self.dtype)
             tensors.update({f"{rid}.{k}": v for k, v in parts.items()})
         meta = {**meta, "prompt_len": int(prompt_ids.numel()), "response_len": int(response_ids.numel()),

@@ -44,6 +44,7 @@ def collect_command(
     storage: Optional[str] = typer.Option(None, "--storage", help="dense (layers x kv_heads x L values) or sparse (per head, the positions holding --sparse-mass of the attention). (default: dense)"),
     storage_dtype: Optional[str] = typer.Option(None, "--storage-dtype", help="float16, bfloat16 or float32. (default: float16)"),
     sparse_mass: Optional[float] = typer.Option(None, "--sparse-mass", help="Mass kept per head by --storage sparse. (default: 0.99)"),
+    sparse_top_k: Optional[int] = typer.Option(None, "--sparse-top-k", help="With --storage sparse, keep at most K positions per head (the largest)."),
     limit: Optional[int] = typer.Option(None, "--limit", help="Use only the first N prompts."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed for built-in prompts. (default: 0)"),
     num_shards: Optional[int] = typer.Option(None, "--num-shards", help="Split the prompts across N processes/machines (each writes OUT/shard-I-of-N; readers accept OUT). (default: 1)"),
@@ -56,7 +57,7 @@ def collect_command(
 ):
     recipe, extra = _recipe_or_override(recipe, list(overrides or []))
     cli = dict(model=model, data=data, out=out_dir, max_new_tokens=max_new_tokens, reduction=reduction, storage=storage,
-               storage_dtype=storage_dtype, sparse_mass=sparse_mass, limit=limit, seed=seed, num_shards=num_shards,
+               storage_dtype=storage_dtype, sparse_mass=sparse_mass, sparse_top_k=sparse_top_k, limit=limit, seed=seed, num_shards=num_shards,
                shard_index=shard_index, device=device, dtype=dtype)
     cli.update({k: True for k, v in dict(strict=strict, overwrite=overwrite, trust_remote_code=trust_remote_code).items() if v})
     config = load_config(CollectConfig, recipe, "collect", cli, extra)
