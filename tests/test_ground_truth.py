@@ -75,3 +75,15 @@ def test_stop_token_is_not_part_of_the_response():
     if stopped:
         ref = eager_reference(model, prompt_ids, stopped)
         assert (target - ref).abs().max() < 1e-5
+
+
+def test_fingerprint_is_stable_across_dtypes_and_differs_across_weights():
+    from tiny_models import TinyTokenizer
+
+    from lkvcli.models import fingerprint, same_model
+
+    a = tiny_model("llama", seed=0)
+    fp32 = fingerprint(a, TinyTokenizer())
+    bf16 = fingerprint(a.to(torch.bfloat16), TinyTokenizer())
+    assert same_model(fp32, bf16)
+    assert not same_model(fp32, fingerprint(tiny_model("llama", seed=1), TinyTokenizer()))

@@ -12,7 +12,7 @@ import torch
 VOCAB = 128
 ARCHS = ("llama", "qwen2", "qwen3", "mistral", "gemma3")
 _COMMON = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256, initializer_range=0.25)
 
 
 def tiny_config(arch: str):
@@ -63,3 +63,53 @@ def tiny_fingerprint(model) -> dict:
     from lkvcli.models import fingerprint
 
     return fingerprint(model, TinyTokenizer())
+
+
+def tiny_loaded(arch: str = "llama", seed: int = 0):
+    """A :class:`lkvcli.models.LoadedModel` around ``tiny_model(arch, seed)`` with the tiny tokenizer."""
+    from lkvcli.models import LoadedModel
+
+    model = tiny_model(arch, seed)
+    return LoadedModel(model=model, tokenizer=TinyTokenizer(), source=f"tiny-{arch}-{seed}",
+                       fingerprint=tiny_fingerprint(model))
+
+
+def write_tiny_targets(folder, model, n: int = 8, lengths: tuple[int, int] = (10, 24), response_len: int = 6,
+                       seed: int = 0, source: str = "tiny"):
+    """A real targets folder: ground truth captured during greedy decoding of ``model`` on random prompts."""
+    from lkvcli.attention import capture_attention
+    from lkvcli.generate import greedy_decode, prefill
+    from lkvcli.models import num_kv_heads, num_layers
+    from lkvcli.targets import TargetsWriter, new_manifest
+
+    settings = {"max_new_tokens": response_len, "reduction": "mean", "storage": "dense",
+                "storage_dtype": "float32", "chat_template": False}
+    manifest = new_manifest(source, tiny_fingerprint(model), settings, num_layers(model), num_kv_heads(model))
+    writer = TargetsWriter(folder, manifest, records_per_file=4)
+    gen = torch.Generator().manual_seed(seed)
+    for i in range(n):
+        length = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=gen))
+        ids = torch.randint(1, VOCAB - 1, (1, length), generator=gen)
+        with capture_attention(model, key_len=length, query_start=length) as capture:
+            response, _ = greedy_decode(model, prefill(model, ids), response_len, feed_last=True)
+        writer.add({"id": f"r{i:04d}"}, ids[0], torch.tensor(response), capture.scores()[0])
+    writer.close()
+    return folder
+
+
+def save_tiny_model(arch: str, folder, seed: int = 0):
+    """Save ``tiny_model(arch, seed)`` plus a word-level tokenizer over the tiny vocabulary, loadable by
+    ``lkvcli.models.load_model(folder)`` with the same fingerprint as :func:`tiny_fingerprint`."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from tokenizers.pre_tokenizers import WhitespaceSplit
+    from transformers import PreTrainedTokenizerFast
+
+    model = tiny_model(arch, seed)
+    model.save_pretrained(folder)
+    vocab = TinyTokenizer().get_vocab()
+    backend = Tokenizer(WordLevel(vocab, unk_token="t0"))
+    backend.pre_tokenizer = WhitespaceSplit()
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="t0", pad_token="t0",
+                            eos_token=f"t{VOCAB - 1}").save_pretrained(folder)
+    return folder

@@ -98,9 +98,7 @@ def from_dict(cls: type[T], data: dict, where: str = "") -> T:
     unknown = sorted(set(data) - names)
     if unknown:
         prefix = f"{where}." if where else ""
-        raise LkvError(
-            f"unknown field {prefix}{unknown[0]!r}; known fields: {', '.join(sorted(names))}"
-        )
+        raise LkvError(f"unknown field {prefix + unknown[0]!r}; known fields: {', '.join(sorted(names))}")
     kwargs = {}
     for name, value in data.items():
         field_where = f"{where}.{name}" if where else name

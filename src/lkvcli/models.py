@@ -182,12 +182,15 @@ def _digest(obj) -> str:
 
 
 def weights_digest(model: torch.nn.Module, samples: int = 4096) -> str:
-    """Digest of names, shapes and a strided sample of every tensor: identifies weights in seconds at any size."""
+    """Digest of names, shapes and a strided sample of every tensor: identifies weights in seconds at any size.
+
+    Samples are rounded to bfloat16 first, so the same weights loaded in float32 or bfloat16 match.
+    """
     h = hashlib.sha256()
     for name, tensor in sorted(model.state_dict().items()):
         flat = tensor.detach().reshape(-1)
         step = max(1, flat.numel() // samples)
-        sample = flat[::step][:samples].to(device="cpu", dtype=torch.float32).contiguous()
+        sample = flat[::step][:samples].to(torch.bfloat16).to(device="cpu", dtype=torch.float32).contiguous()
         h.update(f"{name}:{tuple(tensor.shape)}".encode())
         h.update(sample.numpy().tobytes())
     return h.hexdigest()[:16]

@@ -144,9 +144,11 @@ class TargetsWriter:
         elif path.is_file():
             old = read_manifest(self.folder)
             if not same_model(old["model"]["fingerprint"], self.manifest["model"]["fingerprint"]):
+                theirs, ours = old["model"]["fingerprint"], self.manifest["model"]["fingerprint"]
                 raise LkvError(
-                    f"{self.folder} holds targets collected for another model ({old['model']['source']}); "
-                    "use another --out folder, or --overwrite to replace them"
+                    f"{self.folder} holds targets collected for another model ({old['model']['source']}, weights "
+                    f"{theirs.get('weights')} vs {ours.get('weights')}); use another --out folder, or --overwrite "
+                    "to replace them"
                 )
             if old["settings"] != self.manifest["settings"]:
                 diff = sorted(k for k in set(old["settings"]) | set(self.manifest["settings"])

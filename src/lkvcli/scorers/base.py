@@ -167,11 +167,12 @@ class Scorer:
 
     def score(self, ctx: ScoreContext) -> torch.Tensor:
         """Pooled scores (batch, layers, kv_heads, L), float32; renormalised for distribution scorers."""
-        scores = self.raw_scores(ctx).float()
-        if self.pooling != "none" and self.pooling_kernel > 1:
-            scores = pool(scores, self.pooling, self.pooling_kernel)
-            if self.distribution:
-                scores = normalise(scores)
+        with torch.inference_mode():
+            scores = self.raw_scores(ctx).float()
+            if self.pooling != "none" and self.pooling_kernel > 1:
+                scores = pool(scores, self.pooling, self.pooling_kernel)
+                if self.distribution:
+                    scores = normalise(scores)
         return scores
 
     def layer_budgets(self, budget: int, num_layers: int, prompt_len: int) -> list[int]:

@@ -1,0 +1,162 @@
+"""``LookaheadKV``: load a bundle onto a model, then score prompts and generate with an evicted cache.
+
+    from lkvcli import LookaheadKV
+    kv = LookaheadKV.from_pretrained("me/lookaheadkv-smollm2")      # or a bundle folder; loads the base model
+    kv.generate("Summarise ...", budget=128, max_new_tokens=64)      # prefill, score, evict, decode
+
+Scoring and eviction are lkv's own (:mod:`lkvcli.scorers` ``lookahead`` and :mod:`lkvcli.evict`),
+the same code ``lkv eval`` measures.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .bundle import attach_bundle, read_bundle
+from .errors import LkvError
+
+
+def resolve_bundle(path_or_repo_id: str | Path, revision: str | None = None) -> Path:
+    """A local bundle folder, or a Hub repo downloaded (or found in the cache) with ``snapshot_download``."""
+    path = Path(path_or_repo_id).expanduser()
+    if path.exists():
+        return path
+    from huggingface_hub import snapshot_download
+
+    from .hub import check_repo_id, endpoint
+
+    repo_id = check_repo_id(str(path_or_repo_id))
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, endpoint=endpoint()))
+    except Exception as exc:  # noqa: BLE001 - offline, not found, unauthorised: one line
+        raise LkvError(f"{path_or_repo_id} is not a local folder, and downloading it from the Hub failed "
+                       f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); give a bundle "
+                       "folder written by `lkv export`, or check the repo id, HF_TOKEN and the network") from None
+
+
+def _find_tokenizer(model, bundle_meta: dict):
+    from transformers import AutoTokenizer
+
+    for source in (getattr(model.config, "_name_or_path", None), bundle_meta["base_model"]["source"],
+                   bundle_meta["base_model"]["id"]):
+        if not source:
+            continue
+        try:
+            from .models import resolve_model_path
+
+            return AutoTokenizer.from_pretrained(resolve_model_path(source)[0])
+        except (OSError, ValueError, LkvError):
+            continue
+    return None
+
+
+class LookaheadKV:
+    """A lookahead module attached to a causal LM, with its tokenizer and scoring settings."""
+
+    def __init__(self, adapter, tokenizer, meta: dict):
+        from .scorers import get_scorer
+
+        self.adapter, self.tokenizer, self.meta = adapter, tokenizer, meta
+        options = {k: v for k, v in meta["scoring"].items() if k not in ("method", "reduction")}
+        self.scorer = get_scorer("lookahead", **options)
+        self.reduction = meta["scoring"]["reduction"]
+        self.default_budget = meta["budgets"]["default"]
+
+    @classmethod
+    def from_pretrained(cls, path_or_repo_id: str | Path, model=None, *, tokenizer=None,
+                        allow_fingerprint_mismatch: bool = False, revision: str | None = None, device: str = "auto",
+                        dtype: str = "auto") -> LookaheadKV:
+        """Load a bundle (folder or Hub repo id) onto ``model`` (a transformers causal LM, modified in place:
+        frozen, eval mode, lkv's attention, LoRA layers injected and off), or onto the base model named in
+        the bundle when ``model`` is None. A model other than the one it was trained for is refused unless
+        ``allow_fingerprint_mismatch`` (for models that share the weights, e.g. a re-saved copy)."""
+        from .models import fingerprint, load_model, same_model
+
+        bundle = read_bundle(resolve_bundle(path_or_repo_id, revision))
+        base = bundle.meta["base_model"]
+        if model is None:
+            loaded = _load_base(base, device, dtype, load_model)
+            model, tokenizer, current = loaded.model, tokenizer or loaded.tokenizer, loaded.fingerprint
+        else:
+            tokenizer = tokenizer or _find_tokenizer(model, bundle.meta)
+            current = fingerprint(model, tokenizer)
+            if tokenizer is None:  # the tokenizer cannot be checked; config and weights still are
+                current["tokenizer"] = base["fingerprint"].get("tokenizer")
+        if not same_model(current, base["fingerprint"]) and not allow_fingerprint_mismatch:
+            raise LkvError(f"bundle {path_or_repo_id} was trained for {base['id'] or base['source']}, and this model "
+                           "differs (config, tokenizer or weights fingerprint); load that model, or pass "
+                           "allow_fingerprint_mismatch=True if this model shares its weights (e.g. a re-saved copy)")
+        return cls(attach_bundle(model, bundle.folder, bundle), tokenizer, bundle.meta)
+
+    @property
+    def model(self):
+        """The transformers model (its LoRA is off outside scoring: it is the plain base model)."""
+        return self.adapter.base_model
+
+    def encode(self, prompt, chat: bool = True) -> torch.Tensor:
+        """(1, L) ids of a string (a user message, chat-formatted unless ``chat=False``), a list of chat
+        messages, or token ids (used as they are)."""
+        if isinstance(prompt, torch.Tensor):
+            ids = prompt.reshape(1, -1)
+        elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
+            ids = torch.tensor([list(prompt)])
+        else:
+            from .collect import chat_ids
+
+            if self.tokenizer is None:
+                raise LkvError("no tokenizer for this model: pass tokenizer= to from_pretrained, or token ids")
+            if chat or not isinstance(prompt, str):  # formatted exactly as lkv collect formats training prompts
+                messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+                ids = torch.tensor([chat_ids(self.tokenizer, messages)[0]])
+            else:
+                ids = torch.tensor([self.tokenizer(prompt).input_ids])
+        if ids.numel() == 0:
+            raise LkvError("the prompt is empty")
+        return ids.to(self.adapter.device)
+
+    def _context(self, prompt, chat: bool):
+        from .scorers import prepare
+
+        return prepare(self.scorer, self.model, self.encode(prompt, chat), tokenizer=self.tokenizer,
+                       reduction=self.reduction, resources={"adapter": self.adapter})
+
+    def scores(self, prompt, *, chat: bool = True) -> torch.Tensor:
+        """Predicted importance of every prompt position: (layers, kv_heads, L) float32 (rows sum to 1)."""
+        ctx = self._context(prompt, chat)
+        return self.scorer.score(ctx)[0]
+
+    def evict(self, prompt, budget: int | float | str | None = None, *, chat: bool = True):
+        """Prefill, score and evict: ``(Prefill, Eviction)`` (:mod:`lkvcli.generate`, :mod:`lkvcli.evict`), the
+        cache holding ``budget`` entries per layer and KV head (an int, or a ratio of the prompt in (0, 1];
+        default: the bundle's recommended one); decode from it with :func:`lkvcli.generate.greedy_decode`."""
+        from .evict import compress
+
+        ctx = self._context(prompt, chat)
+        return compress(self.scorer, self.scorer.score(ctx), ctx.state, budget or self.default_budget)
+
+    def generate(self, prompt, budget: int | float | str | None = None, max_new_tokens: int = 256, *,
+                 chat: bool = True) -> str:
+        """Greedy answer to ``prompt`` with its cache evicted to ``budget`` (see :meth:`evict`)."""
+        from .generate import greedy_decode, stop_token_ids
+
+        state, _ = self.evict(prompt, budget, chat=chat)
+        tokens, _ = greedy_decode(self.model, state, max_new_tokens, stop_token_ids(self.model, self.tokenizer))
+        return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else str(tokens)
+
+    def __repr__(self) -> str:
+        base = self.meta["base_model"]
+        return (f"LookaheadKV(base={base['id'] or base['source']!r}, tokens={self.meta['num_tokens']}, "
+                f"default_budget={self.default_budget})")
+
+
+def _load_base(base: dict, device: str, dtype: str, load_model):
+    """The bundle's base model: its training source when available here, else its Hub id."""
+    first, second = base["source"], base["id"]
+    try:
+        return load_model(first, device=device, dtype=dtype)
+    except LkvError:
+        if not second or second == first:
+            raise
+    return load_model(second, device=device, dtype=dtype)

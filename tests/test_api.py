@@ -1,0 +1,137 @@
+"""The library API: ``from lkvcli import LookaheadKV``, the README snippet as written in docs/bundle.md,
+scores and eviction through lkv's runtime, and the fingerprint check."""
+
+import contextlib
+import io
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import tiny_llama_folder
+from test_export import PROMPT, bundle, lkv, trained_run  # noqa: F401 (fixtures)
+
+from lkvcli.errors import LkvError
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "bundle.md"
+SNIPPET_BUNDLE = "lookaheadkv-smollm2"
+
+
+@pytest.fixture(scope="module")
+def kv(bundle):
+    from lkvcli import LookaheadKV
+
+    return LookaheadKV.from_pretrained(bundle)
+
+
+def readme_snippet() -> str:
+    """The first python block of docs/bundle.md (the integrator copies it into the README)."""
+    return re.search(r"```python\n(.*?)```", DOCS.read_text(), re.S).group(1)
+
+
+def test_readme_snippet_runs_as_written(trained_run, tmp_path, monkeypatch):
+    from lkvcli.bundle import USAGE
+
+    snippet = readme_snippet()
+    assert snippet.strip() == USAGE.format(repo=SNIPPET_BUNDLE).strip()  # the model card shows the same lines
+    assert len([line for line in snippet.splitlines() if line.strip()]) <= 5
+    assert lkv("export", trained_run["run"], "--out", tmp_path / SNIPPET_BUNDLE, "--no-model-check").exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    printed, scope = io.StringIO(), {}
+    with contextlib.redirect_stdout(printed):
+        exec(compile(snippet, str(DOCS), "exec"), scope)
+    assert isinstance(scope["kv"].model, torch.nn.Module) and printed.getvalue().endswith("\n")
+    assert scope["scores"].shape[:2] == (2, 2)
+    assert torch.allclose(scope["scores"].sum(-1), torch.ones(2, 2))
+
+
+def test_scores_are_the_checkpoints(kv, trained_run):
+    from lkvcli.lookahead import LookaheadAdapter
+    from lkvcli.models import load_model
+
+    ids = kv.encode(PROMPT)
+    model = load_model(str(trained_run["model"]), device="cpu").model
+    reference = LookaheadAdapter.load(model, trained_run["run"] / "checkpoints" / "step-000004" / "adapter")
+    assert torch.equal(kv.scores(ids), reference.predict(ids)[0])
+    assert torch.equal(kv.scores(PROMPT), kv.scores(ids.tolist()[0]))
+
+
+def test_eviction_keeps_the_top_scores_and_shrinks_the_cache(kv):
+    from lkvcli.generate import greedy_decode, prefill, stop_token_ids
+
+    ids = kv.encode(PROMPT)
+    L = ids.shape[1]
+    scores = kv.scores(ids)
+    state, ev = kv.evict(ids, budget=8)
+    assert all(layer.keys.shape[-2] == 8 for layer in state.cache.layers)
+    assert ev.bytes_after * L == ev.bytes_before * 8 and state.next_position == L
+    for layer, kept in enumerate(ev.kept):
+        assert torch.equal(kept[0], scores[layer].topk(8, dim=-1).indices.sort(-1).values)
+    # a budget covering the prompt keeps everything: the answer is the full-cache greedy answer
+    full, _ = greedy_decode(kv.model, prefill(kv.model, ids), 6, stop_token_ids(kv.model, kv.tokenizer))
+    assert kv.generate(ids, budget=L, max_new_tokens=6) == kv.tokenizer.decode(full, skip_special_tokens=True)
+    assert isinstance(kv.generate(PROMPT, budget=0.25, max_new_tokens=4), str)
+
+
+def test_attaches_to_a_loaded_model(bundle, trained_run):
+    from transformers import AutoModelForCausalLM
+
+    from lkvcli import LookaheadKV
+
+    model = AutoModelForCausalLM.from_pretrained(trained_run["model"])
+    kv = LookaheadKV.from_pretrained(bundle, model)  # tokenizer found from the model's folder
+    assert kv.model is model and kv.tokenizer is not None
+    assert kv.scores(PROMPT).shape[:2] == (2, 2)
+
+
+def test_another_base_model_is_refused(bundle, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from lkvcli import LookaheadKV
+
+    other = tiny_llama_folder(tmp_path / "other", seed=1, max_positions=256)
+    model, tok = AutoModelForCausalLM.from_pretrained(other), AutoTokenizer.from_pretrained(other)
+    with pytest.raises(LkvError, match="allow_fingerprint_mismatch=True"):
+        LookaheadKV.from_pretrained(bundle, model, tokenizer=tok)
+    kv = LookaheadKV.from_pretrained(bundle, model, tokenizer=tok, allow_fingerprint_mismatch=True)
+    assert kv.scores(PROMPT).shape[:2] == (2, 2)
+
+
+def test_repo_ids_go_through_snapshot_download(bundle, monkeypatch):
+    import huggingface_hub
+
+    from lkvcli import LookaheadKV
+
+    calls = []
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
+
+    def fake_download(repo_id, revision=None, endpoint=None):
+        calls.append((repo_id, revision, endpoint))
+        return str(bundle)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    assert LookaheadKV.from_pretrained("org/lookaheadkv-tiny", revision="v1").meta["num_tokens"] == 4
+    assert calls == [("org/lookaheadkv-tiny", "v1", "http://127.0.0.1:9")]
+    with pytest.raises(LkvError, match="invalid repo id"):
+        LookaheadKV.from_pretrained("no/such/folder")
+
+
+def test_unreachable_repo_is_one_clear_error(monkeypatch, tmp_path):
+    from huggingface_hub import constants
+
+    from lkvcli import LookaheadKV
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    with pytest.raises(LkvError, match="not a local folder, and downloading it from the Hub failed"):
+        LookaheadKV.from_pretrained("org/not-cached")
+
+
+def test_import_lkvcli_stays_light():
+    code = ("import sys, lkvcli; assert 'torch' not in sys.modules and 'lkvcli.api' not in sys.modules; "
+            "from lkvcli import LookaheadKV; print(LookaheadKV.__module__)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "lkvcli.api"

@@ -1,0 +1,161 @@
+"""`lkv eval` end to end on a tiny model (real SmolLM2 tokenizer), its metrics, and every bad input."""
+
+import json
+
+import pytest
+import torch
+from helpers import tiny_llama_folder
+from typer.testing import CliRunner
+
+from lkvcli.cli import app
+from lkvcli.evaluate import answer_score, context_split, rouge_l
+from lkvcli.targets import TargetsReader
+
+runner = CliRunner()
+ROWS = [{"id": f"q{i}", "context": "The red fox jumps over the lazy dog near the river. " * (5 + i),
+         "question": f"What colour is fox number {i}?", "answer": "red", "task": "colour"} for i in range(3)]
+ROWS.append({"id": "open", "prompt": "Write a short poem about the sea and the moon. " * 6, "task": "poem"})
+
+
+def lkv(*args):
+    return runner.invoke(app, [str(a) for a in args])
+
+
+def one_line_error(result, *needles):
+    assert result.exit_code != 0, result.output
+    assert "Traceback" not in result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1, result.output
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+
+
+@pytest.fixture(scope="module")
+def setup_dir(tmp_path_factory):
+    from lkvcli.collect import CollectConfig, collect
+
+    root = tmp_path_factory.mktemp("eval")
+    model = tiny_llama_folder(root / "model", max_positions=512)
+    (root / "p.jsonl").write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    collect(CollectConfig(model=str(model), data=str(root / "p.jsonl"), out=str(root / "t"), max_new_tokens=5))
+    return root
+
+
+def _adapter(root, model_folder, name, seed=0, val_ids=None):
+    from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig
+    from lkvcli.models import load_model
+
+    loaded = load_model(str(model_folder), device="cpu")
+    adapter = LookaheadAdapter.attach(loaded.model, LookaheadConfig(num_tokens=3), seed=seed)
+    run = root / name
+    adapter.save(run / "adapter", {"model": {"source": str(model_folder), "fingerprint": loaded.fingerprint}})
+    (run / "run.json").write_text(json.dumps({"val_ids": val_ids or []}))
+    return run
+
+
+def test_full_budget_answers_equal_the_collected_response_in_both_modes(setup_dir, tmp_path):
+    run = _adapter(setup_dir, setup_dir / "model", "run", val_ids=["q0", "q2", "open"])
+    for mode in ("whole", "context"):
+        out = tmp_path / mode
+        r = lkv("eval", "--targets", setup_dir / "t", "--adapter", run, "--budgets", "1.0,8", "--out", out,
+                "--mode", mode, "--parts", "prediction,answers")
+        assert r.exit_code == 0, r.output
+        results = json.loads((out / "results.json").read_text())
+        assert results["meta"]["records"] == ["q0", "q2", "open"]  # the adapter run's validation split
+        assert set(results["methods"]) == {"draft", "h2o", "knorm", "lookahead", "oracle", "pyramidkv", "random",
+                                           "snapkv", "streamingllm", "tova"}
+        for name, entry in results["answers"]["methods"].items():
+            assert entry["1"]["same_as_full"] == 1.0, (mode, name)  # nothing evicted: token for token the same
+            assert entry["8"]["cache_ratio"] < 1
+        oracle = results["prediction"]["oracle"]
+        assert oracle["kl"] < 1e-3 and oracle["budgets"]["1"]["recall"] == pytest.approx(1.0)
+        assert oracle["budgets"]["8"]["recall"] >= max(e["budgets"]["8"]["recall"]
+                                                       for e in results["prediction"].values()) - 1e-6
+        rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+        assert {r["part"] for r in rows} == {"prediction", "answers"} and all("id" in r for r in rows)
+        assert (out / "report.md").read_text().startswith("# lkv eval")
+        assert {p.name for p in (out / "plots").iterdir()} == {"recall_vs_budget.png", "answers_vs_budget.png"}
+        assert json.loads((out / "config.json").read_text())["eval"]["mode"] == mode
+
+
+def test_overhead_part_and_json_output(setup_dir, tmp_path):
+    r = lkv("--json", "eval", "--targets", setup_dir / "t", "--methods", "snapkv,streamingllm", "--budgets", "8",
+            "--parts", "overhead", "--out", tmp_path / "o", "--repeats", "2", "--overhead-prompts", "1",
+            "scorers.snapkv.window=4")
+    assert r.exit_code == 0, r.output
+    methods = json.loads((tmp_path / "o" / "results.json").read_text())["overhead"]["methods"]
+    assert set(methods) == {"plain", "snapkv", "streamingllm"}
+    assert methods["plain"]["overhead_pct"] == 0 and methods["snapkv"]["repeats"] == 2
+    assert methods["snapkv"]["cache_bytes_after"] < methods["snapkv"]["cache_bytes_before"]
+    assert (tmp_path / "o" / "plots" / "overhead.png").is_file()
+    assert json.loads((tmp_path / "o" / "config.json").read_text())["scorers"]["snapkv"]["window"] == 4
+
+
+def test_bad_inputs_fail_with_one_clear_line(setup_dir, tmp_path):
+    t = setup_dir / "t"
+    one_line_error(lkv("eval", "--targets", t, "--budgets", "0", "--out", tmp_path / "a"), "budget 0 must be positive")
+    one_line_error(lkv("eval", "--targets", t, "--budgets", "100000", "--out", tmp_path / "a"),
+                   "budget 100000 is larger than the prompt of record")
+    one_line_error(lkv("eval", "--targets", t, "--methods", "snapkv,foo", "--out", tmp_path / "a"),
+                   "unknown method 'foo'", "snapkv", "lookahead", "oracle")
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    one_line_error(lkv("eval", "--targets", t, "--out", blocker / "r"), "not writable")
+    one_line_error(lkv("eval", "--targets", t, "--methods", "lookahead", "--out", tmp_path / "a"), "needs an adapter")
+    other = tiny_llama_folder(tmp_path / "other", seed=1, max_positions=512)
+    run = _adapter(tmp_path, other, "other-run")
+    one_line_error(lkv("eval", "--targets", t, "--adapter", run, "--out", tmp_path / "a"), "trained for another model")
+    one_line_error(lkv("eval", "--targets", t, "--model", other, "--out", tmp_path / "a"), "collected with another model")
+    one_line_error(lkv("eval", "--targets", tmp_path / "nothing", "--out", tmp_path / "a"), "not a targets folder")
+    one_line_error(lkv("eval", "--targets", t, "--parts", "speed", "--out", tmp_path / "a"), "unknown part 'speed'")
+
+
+def test_context_split_is_the_question_start(setup_dir):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(setup_dir / "model")
+    reader = TargetsReader(setup_dir / "t")
+    record = reader[reader.ids().index("q1")]
+    cut = context_split(record, tokenizer)
+    head = tokenizer.decode(record.prompt_ids[:cut])
+    tail = tokenizer.decode(record.prompt_ids[cut:])
+    assert head.endswith("river. \n\n") or head.rstrip().endswith("river.")
+    assert tail.startswith("What colour is fox number 1?")
+    poem = reader[reader.ids().index("open")]
+    assert tokenizer.decode(poem.prompt_ids[context_split(poem, tokenizer):]).startswith("<|im_end|>")
+
+
+def test_answer_metrics():
+    assert rouge_l("the cat sat", "the cat sat") == 1.0 and rouge_l("a b", "c d") == 0.0
+    assert rouge_l("the cat sat on the mat", "the cat on a mat") == pytest.approx(2 * (4 / 6) * (4 / 5) / (4 / 6 + 4 / 5))  # LCS "the cat on mat"
+    assert answer_score("It is Red.", "red", "contains_all", "") == 1.0
+    assert answer_score("red and blue", ["red", "green"], "contains_all", "") == 0.0
+    assert answer_score("red and blue", ["red", "green"], "contains_any", "") == 1.0
+    assert answer_score(" Red! ", "red", "exact", "") == 1.0
+    assert answer_score("a poem", None, "agreement", "a poem") == 1.0
+
+
+def test_adapter_from_a_training_run_and_from_its_bundle(tmp_path):
+    """A real `lkv train` run (its validation split is used) and its `lkv export` bundle score identically."""
+    from test_export import _RUNS, make_run
+
+    if "run" not in _RUNS:
+        _RUNS["run"] = make_run(tmp_path / "trained")
+    run = _RUNS["run"]["run"]
+    targets = run.parent / "targets"
+    val_ids = json.loads((run / "run.json").read_text())["val_ids"]
+    r = lkv("eval", "--targets", targets, "--adapter", run, "--methods", "lookahead", "--budgets", "4",
+            "--parts", "prediction", "--out", tmp_path / "a")
+    assert r.exit_code == 0, r.output
+    a = json.loads((tmp_path / "a" / "results.json").read_text())
+    assert a["meta"]["records"] == val_ids and a["meta"]["adapter"]["step"] == 4
+    bundle = tmp_path / "bundle"
+    assert lkv("export", run, "--out", bundle, "--no-model-check").exit_code == 0
+    r = lkv("eval", "--targets", targets, "--adapter", bundle, "--methods", "lookahead", "--budgets", "4",
+            "--parts", "prediction", "--out", tmp_path / "b", "--split", "all", "--limit", len(val_ids))
+    assert r.exit_code == 0, r.output
+    b = json.loads((tmp_path / "b" / "results.json").read_text())
+    r = lkv("eval", "--targets", targets, "--adapter", run, "--methods", "lookahead", "--budgets", "4",
+            "--parts", "prediction", "--out", tmp_path / "c", "--split", "all", "--limit", len(val_ids))
+    c = json.loads((tmp_path / "c" / "results.json").read_text())
+    assert b["prediction"]["lookahead"]["kl"] == pytest.approx(c["prediction"]["lookahead"]["kl"], abs=1e-6)
