@@ -23,7 +23,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(LKV) collect $(DEMO_RECIPE)
+	$(LKV) pipeline $(DEMO_RECIPE)
 
 test: install
 	$(PY) -m pytest -q

@@ -18,7 +18,7 @@ app = typer.Typer(
     rich_markup_mode=None,
 )
 
-COMMANDS = ("collect", "train", "eval", "export")
+COMMANDS = ("collect", "train", "eval", "export", "pipeline")
 
 
 def _version(value: bool):

@@ -1,0 +1,67 @@
+"""``lkv pipeline``: collect -> train -> eval -> export from one recipe, resuming each step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+from typer.main import get_command
+
+from ..config import read_recipe
+from ..errors import LkvError
+from .common import console, handle_errors
+
+STEPS = ("collect", "train", "eval", "export")
+
+
+def register(app: typer.Typer) -> None:
+    app.command(
+        "pipeline",
+        help=(
+            "Run collect -> train -> eval -> export from one recipe (sections collect, train, eval, export). "
+            "Re-running resumes: collection continues, training resumes from its last checkpoint, a finished "
+            "eval is kept (delete its folder to redo it), and the bundle is rewritten."
+        ),
+    )(_make_command(app))
+
+
+def _steps(recipe: dict, path: str) -> list[tuple[str, list[str]]]:
+    """The subcommand argument lists for each step of the recipe."""
+    missing = [s for s in ("collect", "train") if s not in recipe]
+    if missing:
+        raise LkvError(f"recipe {path} has no {missing[0]!r} section; a pipeline recipe needs collect and train")
+    run = (recipe.get("train") or {}).get("out", "runs/lookahead")
+    steps = [("collect", ["collect", path])]
+    resume = ["resume=true"] if (Path(run) / "checkpoints" / "latest").is_file() else []
+    steps.append(("train", ["train", path, *resume]))
+    results = None
+    if "eval" in recipe:
+        results = (recipe["eval"] or {}).get("out", "results")
+        if (Path(results) / "results.json").is_file():
+            console.print(f"eval: {results}/results.json exists, kept (delete the folder to evaluate again)")
+        else:
+            steps.append(("eval", ["eval", path]))
+    export = recipe.get("export") or {}
+    if "out" in export:
+        args = ["export", run, "--out", export["out"], "--overwrite"]
+        if results:
+            args += ["--eval", results]
+        steps.append(("export", args))
+    return steps
+
+
+def _make_command(app: typer.Typer):
+    @handle_errors
+    def pipeline_command(
+        recipe: str = typer.Argument(..., help="Recipe YAML with collect, train and optionally eval and export sections."),
+    ):
+        data = read_recipe(recipe)
+        command = get_command(app)
+        for name, args in _steps(data, recipe):
+            console.rule(f"lkv {name}")
+            code = command.main(args=args, prog_name="lkv", standalone_mode=False)
+            if code not in (None, 0):
+                raise typer.Exit(code)
+        console.rule("done")
+
+    return pipeline_command
