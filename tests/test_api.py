@@ -1,4 +1,4 @@
-"""The library API: ``from lkvcli import LookaheadKV``, the README snippet as written in docs/bundle.md,
+"""The library API: ``from lkvcli import LookaheadKV``, the README snippet as written,
 scores and eviction through lkv's runtime, and the fingerprint check."""
 
 import contextlib
@@ -15,7 +15,8 @@ from test_export import PROMPT, bundle, lkv, trained_run  # noqa: F401 (fixtures
 
 from lkvcli.errors import LkvError
 
-DOCS = Path(__file__).resolve().parents[1] / "docs" / "bundle.md"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "README.md"
 SNIPPET_BUNDLE = "lookaheadkv-smollm2"
 
 
@@ -27,8 +28,10 @@ def kv(bundle):
 
 
 def readme_snippet() -> str:
-    """The first python block of docs/bundle.md (the integrator copies it into the README)."""
-    return re.search(r"```python\n(.*?)```", DOCS.read_text(), re.S).group(1)
+    """The first python block of the README (docs/bundle.md shows the same lines)."""
+    snippet = re.search(r"```python\n(.*?)```", DOCS.read_text(), re.S).group(1)
+    assert snippet in (ROOT / "docs" / "bundle.md").read_text()
+    return snippet
 
 
 def test_readme_snippet_runs_as_written(trained_run, tmp_path, monkeypatch):

@@ -51,7 +51,7 @@ def test_registry_lists_every_method_and_rejects_unknown_names_and_options():
         get_scorer("snapkv", windw=3)
     with pytest.raises(LkvError, match="pooling_kernel"):
         get_scorer("snapkv", pooling="avg", pooling_kernel=4)
-    assert get_scorer("snapkv", window=8).recent_window == 8  # the window is always kept
+    assert get_scorer("snapkv", window=8).recent_window == 4  # half the window is always kept
     for name in ALL:
         cls = type(get_scorer(name))
         assert cls.__doc__ and cls.name == name

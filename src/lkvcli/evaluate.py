@@ -358,6 +358,10 @@ def setup(config: EvalConfig, loaded=None, adapter=None) -> EvalRun:
                 raise LkvError("method lookahead needs an adapter: pass --adapter RUN_DIR_OR_BUNDLE (or drop it from --methods)")
             adapter, adapter_info = load_adapter(config.adapter, loaded.model, fingerprint=loaded.fingerprint)
         resources["adapter"] = adapter
+        wanted = reader.manifest.get("settings", {}).get("reduction", "mean")
+        if adapter.config.reduction != wanted:
+            raise LkvError(f"the adapter reduces query heads by {adapter.config.reduction!r} but the targets by "
+                           f"{wanted!r}; evaluate with targets collected with --reduction {adapter.config.reduction}")
     defaults = {"lookahead": (adapter_info or {}).get("scoring", {})}  # a bundle's own scoring settings
     methods = {name: get_scorer(name, **{**defaults.get(name, {}), **config.scorers.get(name, {})}) for name in names}
     val = validation_ids(config.adapter) if config.adapter else None

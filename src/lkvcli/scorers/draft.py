@@ -58,7 +58,7 @@ class Draft(Scorer):
             return cap.scores()
         if self.draft_model is None:  # Lookahead Q-Cache: draft over a SnapKV-compressed cache
             keep = keep_indices(ctx.capture.scores(), [self.compress_budget] * len(state.cache.layers),
-                                recent_window=self.snapkv_window)
+                                recent_window=self.snapkv_window // 2)
             small = evict(state.cache, keep).cache
             tokens, _ = greedy_decode(ctx.model, Prefill(small, state.logits, state.next_position), self.tokens)
         else:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 from ..errors import LkvError
 from .base import ScoreContext, Scorer, captured, register
@@ -14,20 +13,20 @@ from .base import ScoreContext, Scorer, captured, register
 class SnapKV(Scorer):
     """Attention of the last ``window`` prompt queries over the prompt, captured during prefill.
 
-    The window itself is always kept (``recent_window`` defaults to ``window``). The paper
-    smooths with 1-D pooling (kernel 7; kvpress: avg, kernel 5); our default is no pooling,
-    which measured better on ground-truth recall (docs/eval.md). In the ``context`` mode the
-    window is the end of the context.
+    The paper keeps the whole window and smooths with 1-D pooling (kernel 7; kvpress: avg,
+    kernel 5). Our defaults measured better on ground-truth recall (docs/eval.md): no
+    pooling, and only the last ``window // 2`` positions protected (``recent_window=None``);
+    protecting the whole window leaves nothing to choose at budgets up to the window. In the
+    ``context`` mode the window is the end of the context.
     """
 
     needs = ("prefill_attention",)
     window: int = 32
-    recent_window: int | None = None  # None: the window
-    pooling: Literal["none", "avg", "max"] = "none"
+    recent_window: int | None = None  # None: window // 2
 
     def __post_init__(self):
         if self.recent_window is None:
-            self.recent_window = self.window
+            self.recent_window = self.window // 2
 
     def validate(self) -> None:
         super().validate()
