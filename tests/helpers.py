@@ -37,3 +37,23 @@ def tiny_llama_folder(dest: Path, seed: int = 0, max_positions: int = 2048) -> P
 def copy_tree(src: Path, dest: Path) -> Path:
     shutil.copytree(src, dest)
     return dest
+
+
+def eager_attention(model, ids: torch.Tensor, query_start: int, key_len: int, reduction: str = "mean") -> torch.Tensor:
+    """Independent reference: attention of queries [query_start, end) over keys [0, key_len) from an eager pass
+    with ``output_attentions=True``, reduced over each KV group, averaged over the queries, renormalised."""
+    model.set_attn_implementation("eager")
+    try:
+        with torch.no_grad():
+            attentions = model(ids, output_attentions=True).attentions
+    finally:
+        model.set_attn_implementation("lkv_sdpa")
+    kv = model.config.num_key_value_heads
+    rows = []
+    for a in attentions:
+        a = a[0, :, query_start:, :key_len].double()  # (heads, queries, keys)
+        a = a.view(kv, a.shape[0] // kv, *a.shape[1:])
+        a = a.mean(1) if reduction == "mean" else a.amax(1)
+        rows.append(a.mean(1))
+    ref = torch.stack(rows)
+    return (ref / ref.sum(-1, keepdim=True)).float()

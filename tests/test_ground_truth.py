@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import eager_attention
 from tiny_models import ARCHS, TinyTokenizer, tiny_fingerprint, tiny_model
 
 from lkvcli.collect import ground_truth
@@ -9,24 +10,9 @@ from lkvcli.targets import TargetsReader, TargetsWriter, new_manifest
 
 
 def eager_reference(model, prompt_ids, response_ids, reduction="mean"):
-    """Teacher-forced eager pass on prompt+response; mean over response queries and group heads; renormalised."""
+    """Teacher-forced eager pass on prompt+response: the response queries over the prompt keys."""
     full = torch.cat([prompt_ids, torch.tensor([response_ids])], dim=1)
-    L = prompt_ids.shape[1]
-    model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            attentions = model(full, output_attentions=True).attentions
-    finally:
-        model.set_attn_implementation("lkv_sdpa")
-    kv = model.config.num_key_value_heads
-    rows = []
-    for a in attentions:
-        a = a[0, :, L:, :L].double()  # (heads, response, prompt)
-        a = a.view(kv, a.shape[0] // kv, *a.shape[1:])
-        a = a.mean(1) if reduction == "mean" else a.amax(1)
-        rows.append(a.mean(1))
-    ref = torch.stack(rows)
-    return (ref / ref.sum(-1, keepdim=True)).float()
+    return eager_attention(model, full, prompt_ids.shape[1], prompt_ids.shape[1], reduction)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from helpers import eager_attention
 from tiny_models import ARCHS, tiny_model
 
 from lkvcli.collect import ground_truth
@@ -24,23 +25,6 @@ def _resources(model):
     from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig
 
     return {"adapter": LookaheadAdapter.attach(model, LookaheadConfig(num_tokens=4), seed=1)}
-
-
-def eager_prompt_attention(model, ids, query_start):
-    """Mean attention of prompt queries [query_start, L) over the prompt, mean over each KV group, renormalised."""
-    model.set_attn_implementation("eager")
-    try:
-        with torch.no_grad():
-            attentions = model(ids, output_attentions=True).attentions
-    finally:
-        model.set_attn_implementation("lkv_sdpa")
-    kv = model.config.num_key_value_heads
-    rows = []
-    for a in attentions:
-        a = a[0, :, query_start:, :].double()
-        rows.append(a.view(kv, -1, *a.shape[1:]).mean(1).mean(1))
-    ref = torch.stack(rows)
-    return (ref / ref.sum(-1, keepdim=True)).float()
 
 
 def test_registry_lists_every_method_and_rejects_unknown_names_and_options():
@@ -81,7 +65,7 @@ def test_query_scorers_match_eager_attention(arch, name, query_start):
     ids = torch.randint(0, 100, (1, L))
     scorer = get_scorer(name, **({"window": 6} if name == "snapkv" else {}))
     scores = scorer.score(prepare(scorer, model, ids))
-    ref = eager_prompt_attention(model, ids, query_start)
+    ref = eager_attention(model, ids, query_start, L)
     assert (scores[0] - ref).abs().max() < 1e-5
 
 

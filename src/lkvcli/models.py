@@ -6,8 +6,6 @@ import hashlib
 import importlib.util
 import json
 import os
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,18 +89,12 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         del config.quantization_config
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     fresh.load_state_dict(quantised.state_dict())
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=out_dir.name + ".tmp-", dir=out_dir.parent))
-    try:
+    from .targets import atomic_folder
+
+    with atomic_folder(out_dir) as tmp:
         fresh.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         (tmp / "lkv_source.json").write_text(json.dumps({"gguf": name}))
-        if out_dir.exists():
-            shutil.rmtree(out_dir)
-        os.replace(tmp, out_dir)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
 
 

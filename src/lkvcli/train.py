@@ -25,7 +25,6 @@ import math
 import os
 import shutil
 import signal
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,7 @@ from .config import to_dict
 from .errors import LkvError
 from .lookahead import LookaheadAdapter, LookaheadConfig, left_pad
 from .models import DEFAULT_MODEL, LoadedModel, same_model
-from .targets import TargetsReader, save_tensors_atomic, write_bytes_atomic, write_json_atomic
+from .targets import TargetsReader, atomic_folder, save_tensors_atomic, write_bytes_atomic, write_json_atomic
 
 RUN_FORMAT = "lkv-run"
 # Fields that may differ when resuming (they do not change what has been computed so far).
@@ -225,20 +224,13 @@ def save_checkpoint(run: Path, step: int, adapter, optimizer, scheduler, config:
     root.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
     final = root / name
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-{name}-", dir=root))
-    try:
+    with atomic_folder(final) as tmp:
         adapter.save(tmp / "adapter")
         save_state(tmp, "optimizer", optimizer.state_dict())
         save_state(tmp, "scheduler", scheduler.state_dict())
         save_state(tmp, "rng", _rng_state())
         write_json_atomic(tmp / "state.json", {"step": step, "data_position": position, "seed": config.seed})
         write_json_atomic(tmp / "config.json", to_dict(config))
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
     write_bytes_atomic(root / "latest", f"{name}\n".encode())
     for old in sorted(p for p in root.glob("step-*") if p.is_dir())[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
