@@ -89,11 +89,15 @@ def main(argv=None) -> dict:
     parser.add_argument("--device", default="auto")
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="benchmarks/results/overhead")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch CPU threads (1 gives stable timings on a shared machine)")
+    parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
 
     from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig
 
+    if args.threads:
+        torch.set_num_threads(args.threads)
     model, tokenizer, description = load(args)
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     scorers = {name: get_scorer(name) for name in names}

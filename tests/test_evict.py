@@ -6,7 +6,7 @@ from tiny_models import tiny_model
 
 from lkvcli.errors import LkvError
 from lkvcli.evict import cache_bytes, compress, evict, feed, keep_indices, parse_budget, resolve_budget
-from lkvcli.generate import Prefill, greedy_decode, prefill
+from lkvcli.generate import greedy_decode, prefill
 from lkvcli.scorers import get_scorer, prepare
 
 

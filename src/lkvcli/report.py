@@ -110,8 +110,9 @@ def markdown(results: dict, plots: list[str]) -> str:
              f"- lkv {meta['environment']['lkv']}, torch {meta['environment']['torch']}, transformers "
              f"{meta['environment']['transformers']}; {meta['environment']['cuda'] or 'CPU'}", ""]
     for title, header, rows in sections(results):
-        lines += [f"## {title}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-        lines += ["| " + " | ".join(r) + " |" for r in rows]
+        cells = [[str(c).replace("|", "\\|") for c in r] for r in [header, *rows]]  # "KL(GT||m)" in a table
+        lines += [f"## {title}", "", "| " + " | ".join(cells[0]) + " |", "|" + "---|" * len(header)]
+        lines += ["| " + " | ".join(r) + " |" for r in cells[1:]]
         lines.append("")
     for plot in plots:
         lines += [f"![{Path(plot).stem}]({plot})", ""]

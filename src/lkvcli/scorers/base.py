@@ -16,6 +16,7 @@ difference between methods is the score (and, for PyramidKV, the per-layer budge
 from __future__ import annotations
 
 import dataclasses
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -142,23 +143,17 @@ class Scorer:
         from ..generate import prefill
 
         L = ctx.prompt_len
-        kwargs = {}
-        if ctx.attention_mask is not None:
-            kwargs["attention_mask"] = ctx.attention_mask
-            pos = position_ids(ctx.attention_mask, L, ctx.device)
-            if pos is not None:
-                kwargs["position_ids"] = pos
+        pos = position_ids(ctx.attention_mask, L, ctx.device)
+        kwargs = {"attention_mask": ctx.attention_mask} if ctx.attention_mask is not None else {}
+        if pos is not None:
+            kwargs["position_ids"] = pos
         spec = self.capture_spec(L)
-        if spec is None:
+        capture = capture_attention(ctx.model, key_len=L, reduction=ctx.reduction, **spec) if spec else nullcontext()
+        with capture as cap:
             ctx.state = prefill(ctx.model, ctx.input_ids, **kwargs)
-            if kwargs.get("position_ids") is not None:
-                ctx.state.next_position = kwargs["position_ids"][:, -1] + 1
-            return ctx
-        with capture_attention(ctx.model, key_len=L, reduction=ctx.reduction, **spec) as cap:
-            ctx.state = prefill(ctx.model, ctx.input_ids, **kwargs)
-        if kwargs.get("position_ids") is not None:
-            ctx.state.next_position = kwargs["position_ids"][:, -1] + 1
         ctx.capture = cap
+        if pos is not None:  # left padding: each row continues at its own position
+            ctx.state.next_position = pos[:, -1] + 1
         return ctx
 
     def raw_scores(self, ctx: ScoreContext) -> torch.Tensor:
