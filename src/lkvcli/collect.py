@@ -110,13 +110,13 @@ def chat_ids(tokenizer, messages: list[dict]) -> tuple[list[int], str]:
 
 
 @torch.inference_mode()
-def ground_truth(model, prompt_ids: torch.Tensor, max_new_tokens: int, stop_ids: set[int], reduction: str = "mean",
-                 on_token=None) -> tuple[list[int], torch.Tensor | None, str]:
+def ground_truth(model, prompt_ids: torch.Tensor, max_new_tokens: int, stop_ids: set[int],
+                 reduction: str = "mean") -> tuple[list[int], torch.Tensor | None, str]:
     """Greedy response and its ground-truth target (layers, kv_heads, L) for one prompt (batch 1)."""
     prompt_len = prompt_ids.shape[1]
     with capture_attention(model, key_len=prompt_len, query_start=prompt_len, reduction=reduction) as cap:
         state = prefill(model, prompt_ids)
-        tokens, reason = greedy_decode(model, state, max_new_tokens, stop_ids, feed_last=True, on_token=on_token)
+        tokens, reason = greedy_decode(model, state, max_new_tokens, stop_ids, feed_last=True)
     if not tokens:
         return tokens, None, reason
     return tokens, cap.scores()[0], reason
@@ -125,8 +125,8 @@ def ground_truth(model, prompt_ids: torch.Tensor, max_new_tokens: int, stop_ids:
 def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_event: Callable | None = None) -> CollectSummary:
     """Run a collection; resumable (records already in the folder are skipped). Never prints.
 
-    ``on_event(kind, **info)`` receives ``start`` (total), ``record`` (summary so far),
-    ``token`` and ``skip`` (reason) events for progress displays.
+    ``on_event(kind, **info)`` receives ``start`` (total), ``record`` (summary so far) and
+    ``skip`` (reason) events for progress displays.
     """
     from .prompts import PromptSourceError, load_prompts
 
@@ -178,8 +178,7 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
                 emit("skip", reason="too_long", id=prompt.id, summary=summary)
                 continue
             prompt_ids = torch.tensor([ids], device=device)
-            tokens, target, reason = ground_truth(model, prompt_ids, config.max_new_tokens, stop_ids,
-                                                  config.reduction, on_token=lambda _t: emit("token"))
+            tokens, target, reason = ground_truth(model, prompt_ids, config.max_new_tokens, stop_ids, config.reduction)
             if target is None:
                 summary.skipped_empty += 1
                 emit("skip", reason="empty_response", id=prompt.id, summary=summary)

@@ -45,7 +45,6 @@ def greedy_decode(
     max_new_tokens: int,
     stop_ids: set[int] | frozenset = frozenset(),
     feed_last: bool = False,
-    on_token=None,
 ) -> tuple[list[int], str]:
     """Greedy decoding (batch 1) from a prefill state; returns (tokens without the stop token, stop reason).
 
@@ -62,8 +61,6 @@ def greedy_decode(
         if token in stop_ids:
             return tokens, "stop"
         tokens.append(token)
-        if on_token:
-            on_token(token)
         if step == max_new_tokens - 1 and not feed_last:
             break
         out = model(

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -12,7 +10,8 @@ from rich.table import Table
 
 from ..collect import CollectConfig, collect, summary_dict
 from ..config import load_config
-from .common import OVERRIDES_HELP, RECIPE_HELP, STATE, console, handle_errors, out, plain_line, progress
+from .common import (OVERRIDES_HELP, RECIPE_HELP, STATE, console, handle_errors, out, plain_line, progress,
+                     split_recipe_args)
 
 
 def register(app: typer.Typer) -> None:
@@ -23,13 +22,6 @@ def register(app: typer.Typer) -> None:
             "over the prompt (the training target). Resumable: re-run the same command to continue."
         ),
     )(collect_command)
-
-
-def _recipe_or_override(value: Optional[str], overrides: list[str]) -> tuple[Optional[str], list[str]]:
-    """The first positional may be a recipe file or a KEY=VALUE override."""
-    if value is not None and "=" in value and not Path(value).is_file():
-        return None, [value, *overrides]
-    return value, overrides
 
 
 @handle_errors
@@ -55,7 +47,7 @@ def collect_command(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="auto, float32 or bfloat16. (default: auto)"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow the model repository's own code to run."),
 ):
-    recipe, extra = _recipe_or_override(recipe, list(overrides or []))
+    recipe, extra = split_recipe_args([recipe, *(overrides or [])])
     cli = dict(model=model, data=data, out=out_dir, max_new_tokens=max_new_tokens, reduction=reduction, storage=storage,
                storage_dtype=storage_dtype, sparse_mass=sparse_mass, sparse_top_k=sparse_top_k, limit=limit, seed=seed, num_shards=num_shards,
                shard_index=shard_index, device=device, dtype=dtype)
@@ -65,15 +57,12 @@ def collect_command(
 
     bar = progress()
     task = None
-    state = {"tokens": 0, "t0": time.perf_counter(), "last_plain": 0.0}
 
     def on_event(kind, **info):
         nonlocal task
         if kind == "start":
             task = bar.add_task("collect", total=info["total"], completed=info["done"], info="")
             plain_line(f"collect: {info['done']}/{info['total']} already done")
-        elif kind == "token":
-            state["tokens"] += 1
         elif kind in ("record", "skip"):
             s = info["summary"]
             rate = (s.prompt_tokens + s.response_tokens) / max(s.seconds, 1e-9)

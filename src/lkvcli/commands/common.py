@@ -7,6 +7,7 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass
+from pathlib import Path
 
 import typer
 from rich.console import Console
@@ -27,6 +28,16 @@ out = Console(highlight=False)
 
 RECIPE_HELP = "Recipe YAML (see recipes/); explicit options and KEY=VALUE overrides win over it."
 OVERRIDES_HELP = "Overrides as KEY=VALUE (dotted keys for nested fields), applied last."
+
+
+def split_recipe_args(args: list[str | None]) -> tuple[str | None, list[str]]:
+    """``[RECIPE] [KEY=VALUE ...]`` -> (recipe, overrides); an existing file is a recipe even with '=' in its name."""
+    args = [a for a in args if a is not None]
+    overrides = [a for a in args if "=" in a and not Path(a).is_file()]
+    recipes = [a for a in args if a not in overrides]
+    if len(recipes) > 1:
+        raise LkvError(f"give at most one recipe (got {', '.join(recipes)}); overrides look like key=value")
+    return (recipes[0] if recipes else None), overrides
 
 
 def fail(message: str, code: int = 2) -> None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Optional
 
 import typer
@@ -11,7 +10,8 @@ import typer
 from ..config import load_config
 from ..evaluate import EvalConfig, config_dict, evaluate, setup
 from ..report import rich_tables, write_results
-from .common import OVERRIDES_HELP, RECIPE_HELP, STATE, console, handle_errors, out, plain_line, progress
+from .common import (OVERRIDES_HELP, RECIPE_HELP, STATE, console, handle_errors, out, plain_line, progress,
+                     split_recipe_args)
 
 
 def register(app: typer.Typer) -> None:
@@ -53,9 +53,7 @@ def eval_command(
     dtype: Optional[str] = typer.Option(None, "--dtype", help="auto, float32 or bfloat16. (default: auto)"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow the model repository's own code to run."),
 ):
-    extra = list(overrides or [])
-    if recipe is not None and "=" in recipe and not Path(recipe).is_file():
-        recipe, extra = None, [recipe, *extra]
+    recipe, extra = split_recipe_args([recipe, *(overrides or [])])
     cli = dict(model=model, targets=_csv(targets), adapter=adapter, methods=_csv(methods), budgets=_csv(budgets),
                parts=_csv(parts), out=out_dir, mode=mode, split=split, limit=limit, max_new_tokens=max_new_tokens,
                overhead_prompts=overhead_prompts, overhead_repeats=repeats, seed=seed, device=device, dtype=dtype,

@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from ..errors import LkvError
-from .common import STATE, console, handle_errors, out, plain_line, progress
+from .common import STATE, console, handle_errors, out, plain_line, progress, split_recipe_args
 
 HELP = """Train a lookahead adapter on targets folders written by `lkv collect`.
 
@@ -18,15 +16,6 @@ overrides (dotted keys for nested fields, e.g. lookahead.num_tokens=16) win over
 Multi-GPU / multi-node: `accelerate launch --multi_gpu --num_processes 8 $(which lkv) train ...`
 (see docs/training.md). Ctrl-C writes a checkpoint; --resume continues exactly.
 """
-
-
-def split_args(args: list[str]) -> tuple[Path | None, list[str]]:
-    """``[RECIPE] [KEY=VALUE ...]`` -> (recipe, overrides)."""
-    overrides = [a for a in args if "=" in a]
-    recipes = [a for a in args if "=" not in a]
-    if len(recipes) > 1:
-        raise LkvError(f"give at most one recipe (got {', '.join(recipes)}); overrides look like key=value")
-    return (Path(recipes[0]) if recipes else None), overrides
 
 
 def _fmt(value, spec: str = ".4f") -> str:
@@ -96,7 +85,7 @@ def register(app: typer.Typer) -> None:
         from ..config import load_config
         from ..train import TrainConfig, train
 
-        recipe, overrides = split_args(args or [])
+        recipe, overrides = split_recipe_args(list(args or []))
         cli_values = {"model": model, "data": data or None, "out": out_dir, "steps": steps, "lr": lr,
                       "batch_size": batch_size, "device": device, "resume": True if resume else None}
         config = load_config(TrainConfig, recipe, "train", cli_values, overrides)
