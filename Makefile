@@ -1,6 +1,7 @@
 # lkv: two commands on a fresh machine.
 #   make demo   installs lkv into .venv and runs the pipeline on the built-in default
 #   make test   installs lkv (with test extras) into .venv and runs the test suite
+#   make bench  runs every benchmark; writes benchmarks/results/summary.{json,md}
 # On a CPU-only machine torch is pinned to a CPU build (TORCH_SPEC); on a CUDA machine
 # (nvidia-smi present) the regular PyPI build is used. Override with TORCH_SPEC=...
 
@@ -29,7 +30,7 @@ test: install
 	$(PY) -m pytest -q
 
 bench: install
-	$(PY) benchmarks/bench_collect.py
+	$(PY) benchmarks/run_all.py
 
 clean:
 	rm -rf $(VENV) .lkv-demo

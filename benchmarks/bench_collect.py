@@ -19,8 +19,11 @@ import time
 from pathlib import Path
 
 
-def one_run(model_name: str, length: int, new_tokens: int, capture: bool) -> dict:
+def one_run(model_name: str, length: int, new_tokens: int, capture: bool, threads: int) -> dict:
     import torch
+
+    if threads:
+        torch.set_num_threads(threads)
 
     from lkvcli.collect import ground_truth
     from lkvcli.generate import greedy_decode, prefill
@@ -52,12 +55,13 @@ def main() -> None:
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default="benchmarks/results/collect")
+    parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--out", default="benchmarks/results/collect", help="writes OUT.json and OUT.md")
     parser.add_argument("--_child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._child:
         length, capture = int(args._child[0]), args._child[1] == "1"
-        print(json.dumps(one_run(args.model, length, args.new_tokens, capture)))
+        print(json.dumps(one_run(args.model, length, args.new_tokens, capture, args.threads)))
         return
 
     runs: dict = {}
@@ -65,7 +69,7 @@ def main() -> None:
         for rep in range(args.repeats):
             for capture in (False, True):  # interleaved
                 cmd = [sys.executable, __file__, "--model", args.model, "--new-tokens", str(args.new_tokens),
-                       "--_child", str(length), "1" if capture else "0", "x"]
+                       "--threads", str(args.threads), "--_child", str(length), "1" if capture else "0", "x"]
                 done = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 runs.setdefault((length, capture), []).append(result)
@@ -86,7 +90,7 @@ def main() -> None:
         })
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"model": args.model, "repeats": args.repeats, "torch_threads": __import__("torch").get_num_threads()}
+    meta = {"model": args.model, "repeats": args.repeats, "torch_threads": args.threads or __import__("torch").get_num_threads()}
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2))
     lines = ["| prompt tokens | generate (s) | generate + capture (s) | overhead | peak RSS gen (GB) | peak RSS capture (GB) |",
              "|---|---|---|---|---|---|"]

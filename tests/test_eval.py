@@ -8,6 +8,7 @@ from typer.testing import CliRunner
 
 from lkvcli.cli import app
 from lkvcli.evaluate import answer_score, context_split, rouge_l
+from lkvcli.report import summary_rows
 from lkvcli.targets import TargetsReader
 
 runner = CliRunner()
@@ -75,6 +76,12 @@ def test_full_budget_answers_equal_the_collected_response_in_both_modes(setup_di
         assert (out / "report.md").read_text().startswith("# lkv eval")
         assert {p.name for p in (out / "plots").iterdir()} == {"recall_vs_budget.png", "answers_vs_budget.png"}
         assert json.loads((out / "config.json").read_text())["eval"]["mode"] == mode
+        header, table = summary_rows(results)
+        assert header == ["method", "recall@1", "recall@8", "agree@1", "agree@8"]
+        by_name = {row[0]: row for row in table}
+        assert set(by_name) == set(results["methods"]) and by_name["oracle"][1] == "1.000"
+        assert by_name["snapkv"][2] == f"{results['prediction']['snapkv']['budgets']['8']['recall']:.3f}"
+        assert by_name["snapkv"][4] == f"{results['answers']['methods']['snapkv']['8']['agreement']:.3f}"
 
 
 def test_overhead_part_and_json_output(setup_dir, tmp_path):

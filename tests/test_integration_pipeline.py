@@ -30,6 +30,9 @@ def test_quick_pipeline_end_to_end_and_resume(tmp_path):
     assert bundle["num_tokens"] == 8 and bundle["base_model"]["fingerprint"]["num_layers"] == 30
     assert (out / "bundle" / "adapter_model.safetensors").is_file()
     assert (out / "run" / "checkpoints" / "latest").read_text().strip() == "step-000004"
+    assert "Summary on 2 held-out prompts" in done.stdout and "recall@32" in done.stdout
+    for line in ("report: .lkv-quick/results/report.md", "plots:  .lkv-quick/results/plots", "bundle: .lkv-quick/bundle"):
+        assert line in done.stdout
 
     again = run_pipeline(tmp_path)
     assert again.returncode == 0, again.stderr[-2000:]

@@ -72,6 +72,24 @@ def overhead_rows(results: dict) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def summary_rows(results: dict) -> tuple[list[str], list[list[str]]]:
+    """Method x budget in one table: mass recall, answer agreement and time-to-first-token overhead."""
+    budgets = results["budgets"]
+    pred, ans = results.get("prediction", {}), (results.get("answers") or {}).get("methods", {})
+    over = (results.get("overhead") or {}).get("methods", {})
+    header = ["method", *[f"recall@{b}" for b in budgets]]
+    header += [f"agree@{b}" for b in budgets] if ans else []
+    header += ["TTFT overhead %"] if over else []
+    rows = []
+    for name in sorted(set(pred) | set(ans), key=lambda m: -((pred.get(m) or {}).get("budgets", {})
+                                                             .get(budgets[0], {}).get("recall") or -1)):
+        row = [name, *[_fmt(pred[name]["budgets"][b]["recall"]) if name in pred else "-" for b in budgets]]
+        row += [_fmt(ans[name][b]["agreement"]) if name in ans else "-" for b in budgets] if ans else []
+        row += [_fmt(over[name]["overhead_pct"], 1) if name in over else "-"] if over else []
+        rows.append(row)
+    return header, rows
+
+
 def _ranked(entries: dict, key) -> list:
     def sort_key(item):
         value = key(item[1])
@@ -181,16 +199,18 @@ def write_results(folder: str | Path, config: dict, results: dict) -> dict:
     return {"folder": str(folder), "report": str(folder / "report.md"), "plots": [str(folder / p) for p in plots]}
 
 
-def rich_tables(results: dict) -> list:
-    """The report's tables as rich Tables (the CLI prints them)."""
+def rich_table(title: str, header: list[str], rows: list[list[str]]):
+    """One table as a rich Table: first column left, the rest right-aligned."""
     from rich.table import Table
 
-    tables = []
-    for title, header, rows in sections(results):
-        table = Table(title=title, title_justify="left")
-        for i, h in enumerate(header):
-            table.add_column(h, justify="left" if i == 0 else "right")
-        for r in rows:
-            table.add_row(*r)
-        tables.append(table)
-    return tables
+    table = Table(title=title, title_justify="left")
+    for i, h in enumerate(header):
+        table.add_column(h, justify="left" if i == 0 else "right")
+    for r in rows:
+        table.add_row(*r)
+    return table
+
+
+def rich_tables(results: dict) -> list:
+    """The report's tables as rich Tables (the CLI prints them)."""
+    return [rich_table(*section) for section in sections(results)]

@@ -23,8 +23,10 @@ class _State:
 
 
 STATE = _State()
-console = Console(stderr=True, highlight=False)
-out = Console(highlight=False)
+# Piped or logged output (CI, `| tee`) gets wide tables instead of rich's 80-column default.
+_PIPED_WIDTH = None if "COLUMNS" in os.environ else 160
+console = Console(stderr=True, highlight=False, width=None if sys.stderr.isatty() else _PIPED_WIDTH)
+out = Console(highlight=False, width=None if sys.stdout.isatty() else _PIPED_WIDTH)
 
 RECIPE_HELP = "Recipe YAML (see recipes/); explicit options and KEY=VALUE overrides win over it."
 OVERRIDES_HELP = "Overrides as KEY=VALUE (dotted keys for nested fields), applied last."

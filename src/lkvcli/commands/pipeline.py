@@ -9,7 +9,9 @@ from typer.main import get_command
 
 from ..config import read_recipe
 from ..errors import LkvError
-from .common import console, handle_errors
+from ..report import rich_table, summary_rows
+from ..bundle import read_json
+from .common import console, handle_errors, out
 
 STEPS = ("collect", "train", "eval", "export")
 
@@ -63,5 +65,23 @@ def _make_command(app: typer.Typer):
             if code not in (None, 0):
                 raise typer.Exit(code)
         console.rule("done")
+        _print_summary(data)
 
     return pipeline_command
+
+
+def _print_summary(recipe: dict) -> None:
+    """The method-by-budget table and where the report, plots and bundle are."""
+    results_dir = Path((recipe.get("eval") or {}).get("out", "results"))
+    if "eval" in recipe and (results_dir / "results.json").is_file():
+        results = read_json(results_dir / "results.json", "run lkv eval again")
+        out.print(rich_table(f"Summary on {len(results['meta']['records'])} held-out prompts",
+                             *summary_rows(results)))
+        out.print("recall: share of the answer's attention kept; agree: answer agreement with the full cache; "
+                  "overhead: added time to first token")
+        out.print(f"report: {results_dir / 'report.md'}")
+        if (results_dir / "plots").is_dir():
+            out.print(f"plots:  {results_dir / 'plots'}")
+    bundle = (recipe.get("export") or {}).get("out")
+    if bundle and Path(bundle).is_dir():
+        out.print(f"bundle: {bundle}")
