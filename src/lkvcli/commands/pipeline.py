@@ -77,8 +77,9 @@ def _print_summary(recipe: dict) -> None:
         results = read_json(results_dir / "results.json", "run lkv eval again")
         out.print(rich_table(f"Summary on {len(results['meta']['records'])} held-out prompts",
                              *summary_rows(results)))
-        out.print("recall: share of the answer's attention kept; agree: answer agreement with the full cache; "
-                  "overhead: added time to first token")
+        legend = "recall: share of the answer's attention kept; agree: answer agreement with the full cache"
+        out.print(legend + ("; overhead: added time to first token" if "overhead" in results
+                            else "\neviction overhead: `make bench` (benchmarks/run_all.py) measures it"))
         out.print(f"report: {results_dir / 'report.md'}")
         if (results_dir / "plots").is_dir():
             out.print(f"plots:  {results_dir / 'plots'}")
