@@ -1,7 +1,7 @@
 # lkv: two commands on a fresh machine.
 #   make demo   installs lkv into .venv and runs the pipeline on the built-in default
 #   make test   installs lkv (with test extras) into .venv and runs the test suite
-#   make bench  runs every benchmark; writes benchmarks/results/summary.{json,md}
+#   make bench  runs every benchmark (about 30 min on 2 CPU cores); writes benchmarks/results/summary.{json,md}
 # On a CPU-only machine torch is pinned to a CPU build (TORCH_SPEC); on a CUDA machine
 # (nvidia-smi present) the regular PyPI build is used. Override with TORCH_SPEC=...
 
@@ -11,6 +11,8 @@ PY := $(VENV)/bin/python
 LKV := $(VENV)/bin/lkv
 TORCH_SPEC ?= $(shell command -v nvidia-smi >/dev/null 2>&1 && echo "torch>=2.4" || echo "torch==2.13.0")
 DEMO_RECIPE ?= recipes/smollm2-135m-demo.yaml
+# One torch thread gives stable CPU timings on shared machines; BENCH_ARGS= uses torch's default.
+BENCH_ARGS ?= --threads 1
 
 .PHONY: install demo test bench clean
 
@@ -30,7 +32,7 @@ test: install
 	$(PY) -m pytest -q
 
 bench: install
-	$(PY) benchmarks/run_all.py
+	$(PY) benchmarks/run_all.py $(BENCH_ARGS)
 
 clean:
 	rm -rf $(VENV) .lkv-demo

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 
-def one_run(model_name: str, length: int, new_tokens: int, capture: bool, threads: int) -> dict:
+def one_run(model_name: str, length: int, new_tokens: int, capture: bool, threads: int, device: str) -> dict:
     import torch
 
     if threads:
@@ -29,13 +29,13 @@ def one_run(model_name: str, length: int, new_tokens: int, capture: bool, thread
     from lkvcli.generate import greedy_decode, prefill
     from lkvcli.models import load_model
 
-    loaded = load_model(model_name, device="cpu", dtype="float32")
+    loaded = load_model(model_name, device=device, dtype="auto")
     model, tok = loaded.model, loaded.tokenizer
     from lkvcli.prompts import load_prompts
 
     text = load_prompts(f"builtin:n=1,min_tokens={length},max_tokens={length},tasks=summarise", tokenizer=tok)[0]
     ids = tok(text.messages[0]["content"], add_special_tokens=False).input_ids[:length]
-    prompt = torch.tensor([ids])
+    prompt = torch.tensor([ids], device=loaded.model.device)
     base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     start = time.perf_counter()
     if capture:
@@ -43,8 +43,12 @@ def one_run(model_name: str, length: int, new_tokens: int, capture: bool, thread
     else:
         with torch.inference_mode():
             tokens, _ = greedy_decode(model, prefill(model, prompt), new_tokens, stop_ids=set())
+    if prompt.is_cuda:  # peak GPU memory instead of the process's resident memory
+        torch.cuda.synchronize()
+        base_rss, peak = 0, torch.cuda.max_memory_allocated() / 2**10
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return {"seconds": seconds, "peak_rss_gb": peak / 2**20, "rss_before_gb": base_rss / 2**20,
             "tokens": len(tokens), "length": len(ids)}
 
@@ -56,12 +60,13 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--device", default="auto", help="auto, cpu or cuda (on CUDA, memory is peak GPU memory)")
     parser.add_argument("--out", default="benchmarks/results/collect", help="writes OUT.json and OUT.md")
     parser.add_argument("--_child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args._child:
         length, capture = int(args._child[0]), args._child[1] == "1"
-        print(json.dumps(one_run(args.model, length, args.new_tokens, capture, args.threads)))
+        print(json.dumps(one_run(args.model, length, args.new_tokens, capture, args.threads, args.device)))
         return
 
     runs: dict = {}
@@ -69,7 +74,7 @@ def main() -> None:
         for rep in range(args.repeats):
             for capture in (False, True):  # interleaved
                 cmd = [sys.executable, __file__, "--model", args.model, "--new-tokens", str(args.new_tokens),
-                       "--threads", str(args.threads), "--_child", str(length), "1" if capture else "0", "x"]
+                       "--threads", str(args.threads), "--device", args.device, "--_child", str(length), "1" if capture else "0", "x"]
                 done = subprocess.run(cmd, capture_output=True, text=True, check=True)
                 result = json.loads(done.stdout.strip().splitlines()[-1])
                 runs.setdefault((length, capture), []).append(result)

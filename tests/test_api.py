@@ -17,7 +17,7 @@ from lkvcli.errors import LkvError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "README.md"
-SNIPPET_BUNDLE = "lookaheadkv-smollm2"
+SNIPPET_BUNDLE = ".lkv-demo/bundle"  # where `make demo` writes it
 
 
 @pytest.fixture(scope="module")
@@ -41,12 +41,13 @@ def test_readme_snippet_runs_as_written(trained_run, tmp_path, monkeypatch):
     assert snippet.strip() == USAGE.format(repo=SNIPPET_BUNDLE).strip()  # the model card shows the same lines
     assert len([line for line in snippet.splitlines() if line.strip()]) <= 5
     assert lkv("export", trained_run["run"], "--out", tmp_path / SNIPPET_BUNDLE, "--no-model-check").exit_code == 0
+    (tmp_path / "README.md").write_text(PROMPT * 3)
     monkeypatch.chdir(tmp_path)
     printed, scope = io.StringIO(), {}
     with contextlib.redirect_stdout(printed):
         exec(compile(snippet, str(DOCS), "exec"), scope)
     assert isinstance(scope["kv"].model, torch.nn.Module) and printed.getvalue().endswith("\n")
-    assert scope["scores"].shape[:2] == (2, 2)
+    assert scope["scores"].shape == (2, 2, scope["kv"].encode(scope["prompt"]).shape[1])
     assert torch.allclose(scope["scores"].sum(-1), torch.ones(2, 2))
 
 

@@ -40,8 +40,9 @@ DEFAULT_BUDGET = 128
 USAGE = '''from lkvcli import LookaheadKV
 
 kv = LookaheadKV.from_pretrained("{repo}")  # bundle folder or Hub repo id; loads the base model too
-print(kv.generate("List three uses of a paperclip.", budget=64, max_new_tokens=32))
-scores = kv.scores("List three uses of a paperclip.")  # (layers, kv_heads, prompt_len)'''
+prompt = open("README.md").read() + "\\n\\nIn one sentence, what is this text about?"  # any long prompt
+print(kv.generate(prompt, budget=64, max_new_tokens=32))  # answered from 64 KV entries per head and layer
+scores = kv.scores(prompt)  # (layers, kv_heads, prompt_len): predicted importance of every prompt entry'''
 CITATION = """@inproceedings{ahn2026lookaheadkv,
   title     = {LookaheadKV: Fast and Accurate KV Cache Eviction by Glimpsing into the Future without Generation},
   author    = {Ahn and Seong and Kedia and Kim and Jang and Lee and Jeon},

@@ -1,0 +1,38 @@
+"""`make bench` (benchmarks/run_all.py) end to end on a tiny model: every script runs and the summary adds up."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import tiny_llama_folder
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_run_all_writes_one_summary_of_every_benchmark(tmp_path):
+    model = tiny_llama_folder(tmp_path / "model", max_positions=512)
+    out = tmp_path / "bench"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--model", str(model),
+                           "--lengths", "64", "128", "--repeats", "1", "--threads", "1", "--out", str(out)],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["machine"]["torch_threads"] == 1 and set(summary["seconds"]) == {"overhead", "capture", "train_step"}
+    overhead = summary["overhead"]["lengths"]
+    assert set(overhead) == {"64", "128"} and {"plain", "lookahead", "snapkv", "h2o"} <= set(overhead["64"])
+    table = (out / "summary.md").read_text()
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
+            for line in table.splitlines() if line.startswith("| ")}
+    assert rows["measurement"] == ["64 tokens", "128 tokens"]
+    lookahead = rows["lookahead: time to first token vs plain"]
+    expected = [f"{overhead[n]['lookahead']['overhead_pct']:+.1f}%" for n in ("64", "128")]
+    assert lookahead == expected
+    capture = {r["prompt_tokens"]: r for r in summary["capture"]["rows"]}
+    assert rows["ground-truth capture: generate + capture vs generate"][1] == \
+        f"{100 * capture[128]['capture_overhead']:+.1f}%"
+    ratio = rows["train step: naive / cached time"]
+    assert all(re.fullmatch(r"\d+\.\dx", cell) for cell in ratio), ratio
