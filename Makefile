@@ -1,7 +1,7 @@
 # lkv: two commands on a fresh machine.
 #   make demo   installs lkv into .venv and runs the pipeline on the built-in default
 #   make test   installs lkv (with test extras) into .venv and runs the test suite
-#   make bench  runs every benchmark (about 30 min on 2 CPU cores); writes benchmarks/results/summary.{json,md}
+#   make bench  runs every benchmark (53 min on 2 CPU cores); writes benchmarks/results/summary.{json,md}
 # On a CPU-only machine torch is pinned to a CPU build (TORCH_SPEC); on a CUDA machine
 # (nvidia-smi present) the regular PyPI build is used. Override with TORCH_SPEC=...
 

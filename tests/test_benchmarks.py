@@ -17,22 +17,28 @@ def test_run_all_writes_one_summary_of_every_benchmark(tmp_path):
     out = tmp_path / "bench"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--model", str(model),
-                           "--lengths", "64", "128", "--repeats", "1", "--threads", "1", "--out", str(out)],
+                           "--lengths", "256", "320", "--repeats", "1", "--threads", "1", "--out", str(out)],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     assert summary["machine"]["torch_threads"] == 1 and set(summary["seconds"]) == {"overhead", "capture", "train_step"}
     overhead = summary["overhead"]["lengths"]
-    assert set(overhead) == {"64", "128"} and {"plain", "lookahead", "snapkv", "h2o"} <= set(overhead["64"])
+    assert set(overhead) == {"256", "320"} and {"plain", "lookahead", "snapkv", "h2o"} <= set(overhead["256"])
     table = (out / "summary.md").read_text()
     rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]]
             for line in table.splitlines() if line.startswith("| ")}
-    assert rows["measurement"] == ["64 tokens", "128 tokens"]
+    assert rows["measurement"] == ["256 tokens", "320 tokens"]
     lookahead = rows["lookahead: time to first token vs plain"]
-    expected = [f"{overhead[n]['lookahead']['overhead_pct']:+.1f}%" for n in ("64", "128")]
+    expected = [f"{overhead[n]['lookahead']['overhead_pct']:+.1f}%" for n in ("256", "320")]
     assert lookahead == expected
-    capture = {r["prompt_tokens"]: r for r in summary["capture"]["rows"]}
-    assert rows["ground-truth capture: generate + capture vs generate"][1] == \
-        f"{100 * capture[128]['capture_overhead']:+.1f}%"
+    noise = [overhead["256"][m]["overhead_pct"] for m in ("random", "streamingllm", "knorm")]
+    assert rows["noise: random, streamingllm, knorm (no extra work) vs plain"][0] == \
+        f"{min(noise):+.1f}% .. {max(noise):+.1f}%"
+    la = overhead["320"]["lookahead"]
+    assert rows["lookahead: scoring pass after prefill (% of plain prefill)"][1] == \
+        f"{la['score_s']:.3f} s ({100 * la['score_s'] / overhead['320']['plain']['prefill_s']:.1f}%)"
+    capture = summary["capture"]["rows"][1]
+    assert 304 <= capture["prompt_tokens"] <= 320
+    assert rows["ground-truth capture: generate + capture vs generate"][1] == f"{100 * capture['capture_overhead']:+.1f}%"
     ratio = rows["train step: naive / cached time"]
     assert all(re.fullmatch(r"\d+\.\dx", cell) for cell in ratio), ratio
