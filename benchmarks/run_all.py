@@ -78,7 +78,7 @@ def summary_table(overhead: dict, capture: dict, train_step: dict, lengths: list
         values = [by_len[n][m]["overhead_pct"] for m in NO_EXTRA_WORK if m in by_len[n]]
         return f"{min(values):+.1f}% .. {max(values):+.1f}%" if values else "n/a"
 
-    lines.append(row(f"noise: {', '.join(NO_EXTRA_WORK)} (no extra work) vs plain", [noise(n) for n in cols]))
+    lines.append(row(f"noise: {', '.join(NO_EXTRA_WORK)} (ms of extra work) vs plain", [noise(n) for n in cols]))
     for method in ("lookahead", "draft"):  # their scoring pass runs after prefill and is timed on its own
         cells = [f"{by_len[n][method]['score_s']:.3f} s ({100 * by_len[n][method]['score_s'] / by_len[n]['plain']['prefill_s']:.1f}%)"
                  if method in by_len[n] else "n/a" for n in cols]
@@ -128,19 +128,18 @@ def main() -> None:
         "train_step": ("bench_train_step.py", [*common, *threads, "--lengths", *lengths,
                                                "--out", str(out / "train_step.json")], out / "train_step.json"),
     }
-    results, seconds = {}, {}
-    previous = json.loads((out / "summary.json").read_text()) if (out / "summary.json").is_file() else {}
-    if args.summarize_only:
-        seconds = previous.get("seconds", {})
+    # --summarize-only keeps the machine, timings and date of the run that produced the results
+    previous = (json.loads((out / "summary.json").read_text())
+                if args.summarize_only and (out / "summary.json").is_file() else {})
+    results, seconds = {}, dict(previous.get("seconds", {}))
     for key, (script, script_args, result_path) in jobs.items():
         if not args.summarize_only:
             seconds[key] = round(run_script(script, script_args), 1)
         results[key] = json.loads(result_path.read_text())
-    info = previous["machine"] if args.summarize_only and "machine" in previous else machine(args.threads)
+    info = previous.get("machine") or machine(args.threads)
     table = summary_table(results["overhead"], results["capture"], results["train_step"], args.lengths)
     summary = {"machine": info, "model": args.model, "repeats": args.repeats, "seconds": seconds,
-               "created": previous.get("created") if args.summarize_only and previous
-               else time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **results}
+               "created": previous.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **results}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     where = info["gpu"] or f"{info['cpu']}, {info['cores']} cores, {info['torch_threads']} torch threads"
     header = (f"# lkv benchmarks: {args.model}\n\n{where}; torch {info['torch']}, transformers "

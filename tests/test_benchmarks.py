@@ -32,7 +32,7 @@ def test_run_all_writes_one_summary_of_every_benchmark(tmp_path):
     expected = [f"{overhead[n]['lookahead']['overhead_pct']:+.1f}%" for n in ("256", "320")]
     assert lookahead == expected
     noise = [overhead["256"][m]["overhead_pct"] for m in ("random", "streamingllm", "knorm")]
-    assert rows["noise: random, streamingllm, knorm (no extra work) vs plain"][0] == \
+    assert rows["noise: random, streamingllm, knorm (ms of extra work) vs plain"][0] == \
         f"{min(noise):+.1f}% .. {max(noise):+.1f}%"
     la = overhead["320"]["lookahead"]
     assert rows["lookahead: scoring pass after prefill (% of plain prefill)"][1] == \

@@ -21,8 +21,7 @@ def test_every_command_and_parameter_has_help():
         if not (command.help or "").strip():
             missing.append(f"{name}: no command help")
         for param in command.params:
-            text = param.help if isinstance(param, click.Option) else getattr(param, "help", None)
-            if not (text or "").strip():
+            if not (getattr(param, "help", None) or "").strip():
                 missing.append(f"{name}: {param.name}")
     assert not missing, missing
 

@@ -81,8 +81,8 @@ def summary_rows(results: dict) -> tuple[list[str], list[list[str]]]:
     header += [f"agree@{b}" for b in budgets] if ans else []
     header += ["TTFT overhead %"] if over else []
     rows = []
-    for name in sorted(set(pred) | set(ans), key=lambda m: -((pred.get(m) or {}).get("budgets", {})
-                                                             .get(budgets[0], {}).get("recall") or -1)):
+    ranked = [name for name, _ in _ranked(pred, lambda e: e["budgets"][budgets[0]]["recall"])]
+    for name in ranked + [m for m in ans if m not in pred]:
         row = [name, *[_fmt(pred[name]["budgets"][b]["recall"]) if name in pred else "-" for b in budgets]]
         row += [_fmt(ans[name][b]["agreement"]) if name in ans else "-" for b in budgets] if ans else []
         row += [_fmt(over[name]["overhead_pct"], 1) if name in over else "-"] if over else []

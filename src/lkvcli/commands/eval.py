@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 from typing import Optional
 
 import typer
@@ -68,14 +67,13 @@ def eval_command(
 
     def on_event(kind, **info):
         if kind == "start":
-            tasks.update(current=bar.add_task(info["part"], total=info["total"], info=""), part=info["part"],
-                         total=info["total"], done=0, started=time.perf_counter())
+            tasks["current"] = bar.add_task(info["part"], total=info["total"], info="")
             plain_line(f"eval: {info['part']}: {info['total']} steps")
         elif kind == "advance":
             bar.update(tasks["current"], advance=1, info=info.get("info", ""))
-            tasks["done"] += 1
-            plain_line(f"eval: {tasks['part']}: {tasks['done']}/{tasks['total']} {info.get('info', '')}, "
-                       f"{time.perf_counter() - tasks['started']:.0f}s elapsed")
+            task = bar.tasks[-1]  # the part under way (rich keeps counting while its bar is hidden)
+            plain_line(f"eval: {task.description}: {task.completed:.0f}/{task.total:.0f} {info.get('info', '')}, "
+                       f"{task.elapsed:.0f}s elapsed")
 
     with bar:
         results = evaluate(run, on_event=on_event)
