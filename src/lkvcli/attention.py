@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 ATTENTION_NAME = "lkv_sdpa"
 GROUP_REDUCTIONS = ("mean", "max")
-_ACTIVE: contextvars.ContextVar[AttentionCapture | None] = contextvars.ContextVar("lkv_capture", default=None)
+# The captures active now; several may be (one shared prefill serves every scorer's query rows).
+_ACTIVE: contextvars.ContextVar[tuple[AttentionCapture, ...]] = contextvars.ContextVar("lkv_capture", default=())
 
 
 class AttentionCapture:
@@ -127,10 +128,43 @@ def lkv_attention_forward(module, query, key, value, attention_mask, dropout=0.0
     """SDPA attention; while a capture is active, it also records the chosen queries' probabilities."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    capture = _ACTIVE.get()
-    if capture is not None:
+    for capture in _ACTIVE.get():
         capture.observe(module, query, key, attention_mask, scaling, kwargs)
+    valid = (_KEY_VALID.get() or {}).get(module.layer_idx)
+    if valid is not None:
+        attention_mask = _mask_key_padding(attention_mask, valid, query.shape[2], key.shape[2])
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+
+
+# Per layer, which cache slots of each batch row hold real entries (rows evicted to different sizes,
+# padded to one length); slots past a mask's length (tokens decoded since) are real.
+_KEY_VALID: contextvars.ContextVar[dict[int, torch.Tensor] | None] = contextvars.ContextVar("lkv_key_valid",
+                                                                                         default=None)
+
+
+@contextmanager
+def key_padding(valid: dict[int, torch.Tensor] | None):
+    """Inside the block, layer ``i`` attends only to the slots where ``valid[i]`` (batch, slots) is True."""
+    token = _KEY_VALID.set(valid)
+    try:
+        yield
+    finally:
+        _KEY_VALID.reset(token)
+
+
+def _mask_key_padding(attention_mask, valid: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
+    """``attention_mask`` (None: causal) with the padded key slots masked out, as a bool mask."""
+    device = valid.device
+    keys = torch.ones(valid.shape[0], k_len, dtype=torch.bool, device=device)
+    keys[:, : valid.shape[1]] = valid[:, :k_len]
+    mask = keys[:, None, None, :]
+    if attention_mask is None or attention_mask.shape[-1] < k_len:  # none, or built for a longer layer 0
+        q_slots = torch.arange(k_len - q_len, k_len, device=device)[:, None]
+        return mask & (torch.arange(k_len, device=device)[None, :] <= q_slots)
+    given = attention_mask[..., :k_len]
+    if given.dtype != torch.bool:
+        given = given == 0
+    return given & mask
 
 
 _REGISTERED = False
@@ -151,13 +185,14 @@ def register_attention() -> None:
 
 @contextmanager
 def capture_attention(model, key_len: int, query_start: int, **kwargs):
-    """Activate an :class:`AttentionCapture` for the model's forward calls inside the block."""
+    """Activate an :class:`AttentionCapture` for the model's forward calls inside the block (nested
+    blocks stack: every active capture observes the same forward calls)."""
     from .models import num_layers
 
     if model.config._attn_implementation != ATTENTION_NAME:
         raise RuntimeError(f"model must use attn_implementation={ATTENTION_NAME!r}; call lkvcli.models.prepare_model")
     capture = AttentionCapture(num_layers(model), key_len, query_start, **kwargs)
-    token = _ACTIVE.set(capture)
+    token = _ACTIVE.set((*_ACTIVE.get(), capture))
     try:
         yield capture
     finally:

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
+from .attention import key_padding
 from .errors import LkvError
 
 
@@ -163,17 +164,19 @@ def uniform_length(cache) -> bool:
 
 @torch.inference_mode()
 def feed(model, state, input_ids: torch.Tensor):
-    """Run ``input_ids`` (batch 1) over ``state.cache`` at positions ``state.next_position``...;
-    updates ``state`` (cache, last logits, next position) in place and returns it."""
+    """Run ``input_ids`` over ``state.cache`` at positions ``state.next_position``... (every row of a
+    batch continues at the same position); updates ``state`` (cache, last logits, next position)
+    in place and returns it."""
     n = input_ids.shape[1]
     if n == 0:
         return state
     start = int(state.next_position)
     chunks = [(0, n)] if uniform_length(state.cache) else [(i, i + 1) for i in range(n)]
     for a, b in chunks:
-        positions = torch.arange(start + a, start + b, device=input_ids.device)[None]
-        out = model(input_ids=input_ids[:, a:b], position_ids=positions, cache=state.cache, use_cache=True,
-                    logits_to_keep=1)
+        positions = torch.arange(start + a, start + b, device=input_ids.device).expand(input_ids.shape[0], -1)
+        with key_padding(getattr(state, "key_valid", None)):
+            out = model(input_ids=input_ids[:, a:b], position_ids=positions, cache=state.cache, use_cache=True,
+                        logits_to_keep=1)
     state.logits, state.next_position = out.logits[:, -1].float(), start + n
     return state
 

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .attention import key_padding
+
 
 @dataclass
 class Prefill:
@@ -14,6 +16,7 @@ class Prefill:
     cache: object
     logits: torch.Tensor  # (batch, vocab), logits of the last prompt position
     next_position: int
+    key_valid: dict | None = None  # layer -> (batch, slots) bool: real entries of rows padded to one length
 
 
 def stop_token_ids(model, tokenizer=None) -> set[int]:
@@ -38,38 +41,149 @@ def prefill(model, input_ids: torch.Tensor, **kwargs) -> Prefill:
                    logits=out.logits[:, -1].float(), next_position=input_ids.shape[1])
 
 
+@dataclass
+class Decoded:
+    """One row of a greedy decode: its tokens (without the stop token), why it stopped, and the
+    margin between the two highest logits at each step (a margin near 0 is a near-tie)."""
+
+    tokens: list[int]
+    reason: str
+    margins: list[float]
+
+
+def stack_states(states: list[Prefill]) -> Prefill:
+    """One batch state from batch-1 states of one prompt evicted in several ways (they continue at
+    the same position). In a layer whose rows hold different numbers of entries, the shorter rows
+    are padded at the end to the longest, and ``key_valid`` marks the real slots."""
+    from .evict import fork_cache
+
+    if len({int(s.next_position) for s in states}) != 1:
+        raise ValueError("stacked states must continue at the same position")
+    layers = [[s.cache.layers[i] for s in states] for i in range(len(states[0].cache.layers))]
+    lengths = {i: [r.keys.shape[-2] for r in rows] for i, rows in enumerate(layers) if rows[0].keys is not None}
+    cache, valid = fork_cache(states[0].cache), {}
+    for i, layer in enumerate(cache.layers):
+        if i not in lengths:
+            continue
+        width = max(lengths[i])
+        padded = min(lengths[i]) < width
+        if padded:
+            valid[i] = torch.stack([torch.arange(width, device=r.keys.device) < r.keys.shape[-2] for r in layers[i]])
+        for name in ("keys", "values"):
+            parts = [getattr(r, name) for r in layers[i]]
+            if padded:
+                parts = [torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[-2])) for t in parts]
+            setattr(layer, name, torch.cat(parts, dim=0) if len(parts) > 1 else parts[0])
+    return Prefill(cache=cache, logits=torch.cat([s.logits for s in states], dim=0),
+                   next_position=states[0].next_position, key_valid=valid or None)
+
+
+class _ReservedLayer:
+    """Wraps a full-attention ``DynamicLayer`` with room for ``room`` more tokens: appending writes in
+    place instead of concatenating (which copies the whole cache at every step of a decode)."""
+
+    @staticmethod
+    def reserve(layer, room: int) -> None:
+        from transformers.cache_utils import DynamicLayer
+
+        if type(layer) is not DynamicLayer or not isinstance(layer.keys, torch.Tensor) or room < 1:
+            return
+        n = layer.keys.shape[-2]
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            buffer = t.new_empty(*t.shape[:-2], n + room, t.shape[-1])
+            buffer[..., :n, :] = t
+            setattr(layer, name, buffer[..., :n, :])
+            setattr(layer, f"_lkv_{name}", buffer)
+        layer.update = _ReservedLayer.update.__get__(layer)
+
+    @staticmethod
+    def update(layer, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+        n, q = layer.keys.shape[-2], key_states.shape[-2]
+        if n + q > layer._lkv_keys.shape[-2] or layer._lkv_keys.shape[0] != key_states.shape[0]:
+            del layer.update  # out of room: back to DynamicLayer's concatenation
+            return layer.update(key_states, value_states, *args, **kwargs)
+        for name, new in (("keys", key_states), ("values", value_states)):
+            buffer = getattr(layer, f"_lkv_{name}")
+            buffer[..., n : n + q, :] = new
+            setattr(layer, name, buffer[..., : n + q, :])
+        return layer.keys, layer.values
+
+
+def _keep_rows(state: Prefill, rows: torch.Tensor) -> None:
+    """Drop finished rows from every layer of a batch cache and from its padding masks (in place)."""
+    for layer in state.cache.layers:
+        reserved = "update" in layer.__dict__
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, torch.Tensor):
+                if reserved:
+                    buffer = getattr(layer, f"_lkv_{name}").index_select(0, rows)
+                    setattr(layer, f"_lkv_{name}", buffer)
+                    setattr(layer, name, buffer[..., : t.shape[-2], :])
+                else:
+                    setattr(layer, name, t.index_select(0, rows))
+    if state.key_valid:
+        state.key_valid = {i: v.index_select(0, rows) for i, v in state.key_valid.items()}
+
+
 @torch.inference_mode()
-def greedy_decode(
+def greedy_decode_batch(
     model,
     state: Prefill,
     max_new_tokens: int,
     stop_ids: set[int] | frozenset = frozenset(),
     feed_last: bool = False,
-) -> tuple[list[int], str]:
-    """Greedy decoding (batch 1) from a prefill state; returns (tokens without the stop token, stop reason).
+) -> list[Decoded]:
+    """Greedy decoding of a batch whose rows continue at one position (``state.next_position``).
 
-    Positions continue from ``state.next_position`` whatever the cache length (so an
-    evicted cache decodes with the original positions). With ``feed_last`` the last
-    kept token is also run through the model, so every response token has had its
-    query computed (what the ground-truth capture needs).
+    Every row stops on its own (a stop token, or ``max_new_tokens``); finished rows leave the
+    batch, so the others decode exactly as they would alone up to float rounding of the batched
+    matmuls (see ``margins``). Positions continue from ``state.next_position`` whatever the cache
+    length, so an evicted cache decodes with the original positions. With ``feed_last`` the last
+    kept token is also run through the model, so every response token has had its query computed
+    (what the ground-truth capture needs). The state is updated in place while no row has left.
     """
     device = state.logits.device
-    tokens: list[int] = []
-    logits, position = state.logits, state.next_position
+    batch = state.logits.shape[0]
+    rows = [Decoded([], "length", []) for _ in range(batch)]
+    active = list(range(batch))
+    logits, position = state.logits, int(state.next_position)
+    for layer in state.cache.layers:
+        _ReservedLayer.reserve(layer, max_new_tokens)
     for step in range(max_new_tokens):
-        token = int(logits[0].argmax())
-        if token in stop_ids:
-            return tokens, "stop"
-        tokens.append(token)
-        if step == max_new_tokens - 1 and not feed_last:
+        top = logits.topk(min(2, logits.shape[-1]), dim=-1).values
+        choice = logits.argmax(-1).tolist()
+        still = []
+        for j, row in enumerate(active):
+            rows[row].margins.append(float(top[j, 0] - top[j, -1]))
+            if choice[j] in stop_ids:
+                rows[row].reason = "stop"
+            else:
+                rows[row].tokens.append(choice[j])
+                still.append(j)
+        if not still or (step == max_new_tokens - 1 and not feed_last):
             break
-        out = model(
-            input_ids=torch.tensor([[token]], device=device),
-            position_ids=torch.tensor([[position]], device=device),
-            cache=state.cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        if len(still) < len(active):
+            _keep_rows(state, torch.tensor(still, device=device))
+            active = [active[j] for j in still]
+        with key_padding(state.key_valid):
+            out = model(
+                input_ids=torch.tensor([[choice[j]] for j in still], device=device),
+                position_ids=torch.full((len(active), 1), position, device=device),
+                cache=state.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         logits, position = out.logits[:, -1].float(), position + 1
-    state.logits, state.next_position = logits, position
-    return tokens, "length"
+    if len(active) == batch and all(r.reason == "length" for r in rows):
+        state.logits, state.next_position = logits, position
+    return rows
+
+
+def greedy_decode(model, state: Prefill, max_new_tokens: int, stop_ids: set[int] | frozenset = frozenset(),
+                  feed_last: bool = False) -> tuple[list[int], str]:
+    """Greedy decoding (batch 1) from a prefill state; returns (tokens without the stop token, stop reason).
+    See :func:`greedy_decode_batch`."""
+    row = greedy_decode_batch(model, state, max_new_tokens, stop_ids, feed_last)[0]
+    return row.tokens, row.reason

@@ -4,25 +4,17 @@ Layout::
 
     OUT/config.json        the resolved EvalConfig and every method's options
     OUT/results.json       aggregates per part, with environment versions and the model fingerprint
-    OUT/predictions.jsonl  one line per (record, method, budget) and part, written as the run goes
+    OUT/predictions.jsonl  one line per (record, method, budget) and part, the journal (lkvcli.evaluate.journal)
+    OUT/journal.json       the settings that decide the rows' values (a resumed run must match them)
     OUT/report.md          the tables below, in Markdown, with the plots
     OUT/plots/*.png        recall vs budget, answer accuracy vs budget, overhead per method
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from .targets import write_bytes_atomic, write_json_atomic
-
-PREDICTIONS = "predictions.jsonl"
-
-
-def append_jsonl(path: Path, row: dict) -> None:
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-
 
 def _fmt(value, digits: int = 3) -> str:
     if value is None:

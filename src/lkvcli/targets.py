@@ -253,24 +253,29 @@ def read_manifest(folder: Path) -> dict:
     return manifest
 
 
-def _read_records(folder: Path, repair: bool = False) -> list[dict]:
-    path = folder / RECORDS
+def read_jsonl(path: Path, repair: bool = False, fix: str = "delete that line") -> list[dict]:
+    """The objects of a JSONL journal; ``repair`` cuts a partial last line (a crash mid-append).
+    A malformed complete line fails with its line number and ``fix``."""
     if not path.is_file():
         return []
     raw = path.read_bytes()
     good_end = raw.rfind(b"\n") + 1
-    if good_end < len(raw) and repair:  # a crash mid-append left a partial last line
+    if good_end < len(raw) and repair:
         with open(path, "r+b") as fh:
             fh.truncate(good_end)
-    records = []
+    rows = []
     for lineno, line in enumerate(raw[:good_end].decode("utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            rows.append(json.loads(line))
         except json.JSONDecodeError as exc:
-            raise LkvError(f"{path} line {lineno}: malformed record ({exc.msg}); delete that line to re-collect it") from exc
-    return records
+            raise LkvError(f"{path} line {lineno}: malformed record ({exc.msg}); {fix}") from exc
+    return rows
+
+
+def _read_records(folder: Path, repair: bool = False) -> list[dict]:
+    return read_jsonl(folder / RECORDS, repair, fix="delete that line to re-collect it")
 
 
 def expand_folders(paths) -> list[Path]:

@@ -16,7 +16,7 @@ difference between methods is the score (and, for PyramidKV, the per-layer budge
 from __future__ import annotations
 
 import dataclasses
-from contextlib import nullcontext
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import ClassVar, Literal
 
@@ -140,21 +140,7 @@ class Scorer:
 
     def prefill(self, ctx: ScoreContext) -> ScoreContext:
         """Prefill ``ctx.input_ids`` (capturing attention when :meth:`capture_spec` asks) into ``ctx.state``."""
-        from ..generate import prefill
-
-        L = ctx.prompt_len
-        pos = position_ids(ctx.attention_mask, L, ctx.device)
-        kwargs = {"attention_mask": ctx.attention_mask} if ctx.attention_mask is not None else {}
-        if pos is not None:
-            kwargs["position_ids"] = pos
-        spec = self.capture_spec(L)
-        capture = capture_attention(ctx.model, key_len=L, reduction=ctx.reduction, **spec) if spec else nullcontext()
-        with capture as cap:
-            ctx.state = prefill(ctx.model, ctx.input_ids, **kwargs)
-        ctx.capture = cap
-        if pos is not None:  # left padding: each row continues at its own position
-            ctx.state.next_position = pos[:, -1] + 1
-        return ctx
+        return prepare_shared({self.name: self}, ctx)[self.name]
 
     def raw_scores(self, ctx: ScoreContext) -> torch.Tensor:
         """(batch, layers, kv_heads, L) before pooling. Subclasses implement this."""
@@ -199,3 +185,30 @@ def prepare(scorer: Scorer, model, input_ids: torch.Tensor, *, attention_mask=No
     ctx = ScoreContext(model=model, input_ids=input_ids, attention_mask=attention_mask, record=record,
                        tokenizer=tokenizer, reduction=reduction, resources=resources if resources is not None else {})
     return scorer.prefill(ctx)
+
+
+def prepare_shared(scorers: dict[str, Scorer], ctx: ScoreContext) -> dict[str, ScoreContext]:
+    """One prefill of ``ctx.input_ids`` serving every scorer: a context per scorer, all sharing the
+    prefill state, each with the capture its :meth:`Scorer.capture_spec` asks for (identical specs
+    share one capture; no capture runs that no scorer needs, so H2O's all-query attention is
+    computed only when h2o is among them). Scorers must leave the shared state as they found it.
+    """
+    from ..generate import prefill
+
+    L = ctx.prompt_len
+    specs = {name: s.capture_spec(L) for name, s in scorers.items()}
+    unique = {tuple(sorted(spec.items())) for spec in specs.values() if spec}
+    pos = position_ids(ctx.attention_mask, L, ctx.device)
+    kwargs = {"attention_mask": ctx.attention_mask} if ctx.attention_mask is not None else {}
+    if pos is not None:
+        kwargs["position_ids"] = pos
+    with ExitStack() as stack:
+        captures = {key: stack.enter_context(capture_attention(ctx.model, key_len=L, reduction=ctx.reduction,
+                                                               **dict(key)))
+                    for key in sorted(unique)}
+        state = prefill(ctx.model, ctx.input_ids, **kwargs)
+    if pos is not None:  # left padding: each row continues at its own position
+        state.next_position = pos[:, -1] + 1
+    return {name: dataclasses.replace(ctx, state=state,
+                                      capture=captures[tuple(sorted(spec.items()))] if spec else None)
+            for name, spec in specs.items()}
