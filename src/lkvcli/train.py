@@ -1,7 +1,8 @@
 """``lkv train``: fit the lookahead module to collected targets (library code: no printing).
 
-Each step prefills the prompts once without grad (adapter off), runs the N lookahead tokens
-over the cache with grad (adapter on) and minimises KL(target || prediction), averaged over
+Each step prefills every prompt alone without grad (adapter off; kept across epochs by
+:class:`PrefillCache` within ``prefill_cache_mb``), left-pads them into one batch cache, runs the
+N lookahead tokens over it with grad (adapter on) and minimises KL(target || prediction), averaged over
 layers and KV heads (all-zero target rows skipped) and over examples. Data parallel through
 ``accelerate``: every process takes its share of the global batch and the gradients are
 summed across processes, so the result does not depend on the number of processes.
@@ -43,7 +44,7 @@ from .targets import TargetsReader, atomic_folder, save_tensors_atomic, write_by
 RUN_FORMAT = "lkv-run"
 # Fields that may differ when resuming (they do not change what has been computed so far).
 RESUMABLE = {"out", "steps", "epochs", "eval_every", "checkpoint_every", "keep_checkpoints", "log_every", "resume",
-             "log_with", "device"}
+             "log_with", "device", "prefill_cache_mb"}
 
 
 @dataclass
@@ -75,6 +76,7 @@ class TrainConfig:
     keep_checkpoints: int = 2
     log_every: int = 1
     log_with: str | None = None  # an accelerate tracker (tensorboard, wandb) when installed
+    prefill_cache_mb: float = 4096.0  # per process: prompt prefills kept across epochs (CPU memory); 0 = off
     resume: bool = False
 
     def validate(self) -> None:
@@ -88,6 +90,7 @@ class TrainConfig:
             (self.val_split >= 0, "val_split", "must be >= 0"),
             (self.steps is None or self.steps >= 1, "steps", "must be at least 1"),
             (self.epochs > 0, "epochs", "must be > 0"),
+            (self.prefill_cache_mb >= 0, "prefill_cache_mb", "must be >= 0 (0: off)"),
             (self.batch_size >= 1, "batch_size", "must be at least 1"),
             (self.grad_accum >= 1, "grad_accum", "must be at least 1"),
             (self.warmup_steps >= 0, "warmup_steps", "must be >= 0"),
@@ -130,12 +133,65 @@ def kl_per_example(target: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
     return (rows * valid).sum((1, 2)) / valid.sum((1, 2)).clamp_min(1)
 
 
-def batch_kl(adapter: LookaheadAdapter, records) -> torch.Tensor:
+class PrefillCache:
+    """Each prompt prefilled alone (keys and values per layer), kept in CPU memory for later epochs:
+    first come, first kept while the tensor bytes fit in ``budget_mb`` (never evicted); per process.
+
+    Prompts are prefilled one by one, cached or not, and only then left-padded into a batch: a
+    prompt's cache then does not depend on what it is batched with, so caching changes nothing.
+    """
+
+    def __init__(self, budget_mb: float = 0.0):
+        self.budget, self.used, self.hits, self.misses = int(budget_mb * 2**20), 0, 0, 0
+        self.kept: dict[str, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+
+    def prompt(self, adapter: LookaheadAdapter, record) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """(keys, values) of every layer, each (1, kv_heads, length, head_dim), of ``record``'s prompt alone."""
+        if record.id in self.kept:
+            self.hits += 1
+            return self.kept[record.id]
+        self.misses += 1
+        layers = [(layer.keys, layer.values) for layer in adapter.prefill(record.prompt_ids.view(1, -1)).layers]
+        size = sum(t.numel() * t.element_size() for pair in layers for t in pair)
+        if self.used + size <= self.budget and not torch.is_inference_mode_enabled():  # unusable under grad
+            self.kept[record.id] = layers = [(k.cpu(), v.cpu()) for k, v in layers]
+            self.used += size
+        return layers
+
+    def batch(self, adapter: LookaheadAdapter, records):
+        """The records' prompts left-padded into one ``DynamicCache`` (pad entries zero)."""
+        from transformers import DynamicCache
+
+        prompts = [self.prompt(adapter, r) for r in records]
+        cache = DynamicCache(config=adapter.base_model.config)
+        for i, layer in enumerate(cache.layers):
+            keys, values = (_right_align([p[i][j] for p in prompts], adapter.device) for j in (0, 1))
+            layer.update(keys, values)
+            if hasattr(layer, "cumulative_length"):  # sliding window: it holds fewer keys than it has seen
+                layer.cumulative_length = max(r.prompt_len for r in records)
+        return cache
+
+    def stats(self) -> dict:
+        return {"hits": self.hits, "misses": self.misses, "prompts": len(self.kept), "mb": self.used / 2**20,
+                "budget_mb": self.budget / 2**20}
+
+
+def _right_align(parts: list[torch.Tensor], device) -> torch.Tensor:
+    """(1, H, l_b, D) tensors into one (B, H, max l_b, D), each at the right end, zeros before it."""
+    width = max(t.shape[-2] for t in parts)
+    out = parts[0].new_zeros((len(parts), parts[0].shape[1], width, parts[0].shape[-1]), device=device)
+    for row, t in enumerate(parts):
+        out[row, :, width - t.shape[-2]:] = t[0]
+    return out
+
+
+def batch_kl(adapter: LookaheadAdapter, records, prefills: PrefillCache | None = None) -> torch.Tensor:
     """(B,) KL of each record's prediction; the records are left-padded into one batch."""
-    ids, mask = left_pad([r.prompt_ids for r in records])
+    mask = left_pad([r.prompt_ids for r in records])[1]
     if bool(mask.all()):
         mask = None
-    pred = adapter.score(adapter.prefill(ids, mask), attention_mask=mask)
+    cache = (prefills if prefills is not None else PrefillCache()).batch(adapter, records)
+    pred = adapter.score(cache, attention_mask=mask)
     target = torch.zeros_like(pred)
     for row, record in enumerate(records):
         target[row, ..., target.shape[-1] - record.prompt_len:] = record.target
@@ -312,7 +368,7 @@ def _check_targets(reader: TargetsReader, loaded: LoadedModel, config: TrainConf
 
 
 def evaluate(adapter: LookaheadAdapter, reader: TargetsReader, indices: list[int], batch_size: int,
-             accelerator=None) -> float | None:
+             accelerator=None, prefills: PrefillCache | None = None) -> float | None:
     """Mean per-example KL(target || lookahead) over ``indices`` (split across processes)."""
     if not indices:
         return None
@@ -321,7 +377,7 @@ def evaluate(adapter: LookaheadAdapter, reader: TargetsReader, indices: list[int
     total = torch.zeros(2, dtype=torch.float64, device=adapter.device)
     with torch.no_grad():
         for i in range(0, len(mine), batch_size):
-            kl = batch_kl(adapter, [reader[j] for j in mine[i:i + batch_size]])
+            kl = batch_kl(adapter, [reader[j] for j in mine[i:i + batch_size]], prefills)
             total[0] += kl.sum().double()
             total[1] += kl.numel()
     if world > 1:
@@ -397,7 +453,8 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
           "val_records": len(val_idx), "global_batch": per_step, "processes": world,
           "trainable_parameters": adapter.num_parameters(), "run": str(run)})
     t0 = time.perf_counter()
-    val_kl = first_val = evaluate(adapter, reader, val_idx, config.batch_size, accelerator)
+    prefills = PrefillCache(config.prefill_cache_mb)
+    val_kl = first_val = evaluate(adapter, reader, val_idx, config.batch_size, accelerator, prefills)
     if start == 0:
         log({"step": 0, "val_kl": val_kl})
     emit({"event": "eval", "step": start, "val_kl": val_kl})
@@ -410,7 +467,8 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
         mine.sort(key=lambda i: reader.meta(i)["prompt_len"])  # similar lengths share a micro-batch
         loss_sum = torch.zeros((), device=adapter.device)
         for a in range(config.grad_accum):
-            part = batch_kl(adapter, [reader[i] for i in mine[a * config.batch_size:(a + 1) * config.batch_size]])
+            part = batch_kl(adapter, [reader[i] for i in mine[a * config.batch_size:(a + 1) * config.batch_size]],
+                            prefills)
             part = part.sum() / per_step
             part.backward()
             loss_sum += part.detach()
@@ -442,7 +500,7 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
                 rate = (step - start) / train_s
                 if config.eval_every and step % config.eval_every == 0 and step < total:
                     adapter.train(False)
-                    val_kl = evaluate(adapter, reader, val_idx, config.batch_size, accelerator)
+                    val_kl = evaluate(adapter, reader, val_idx, config.batch_size, accelerator, prefills)
                     adapter.train(True)
                     log({"step": step, "val_kl": val_kl})
                     emit({"event": "eval", "step": step, "val_kl": val_kl})
@@ -464,7 +522,7 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
     finally:
         adapter.train(False)
     checkpoint(step)
-    val_kl = evaluate(adapter, reader, val_idx, config.batch_size, accelerator)
+    val_kl = evaluate(adapter, reader, val_idx, config.batch_size, accelerator, prefills)
     log({"step": step, "val_kl": val_kl})
     if main:
         final = run / "adapter"
@@ -475,7 +533,8 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
         os.replace(tmp, final)
     summary = {"run": str(run), "adapter": str(run / "adapter"), "steps": step, "loss": loss,
                "start_step": start, "val_kl_start": first_val, "val_kl": val_kl,
-               "wall_s": time.perf_counter() - t0, "processes": world, "main": main}
+               "wall_s": time.perf_counter() - t0, "processes": world, "main": main,
+               "prefill_cache": prefills.stats()}
     emit({"event": "done", **summary})
     if config.log_with:
         accelerator.end_training()
