@@ -75,8 +75,10 @@ def tiny_loaded(arch: str = "llama", seed: int = 0):
 
 
 def write_tiny_targets(folder, model, n: int = 8, lengths: tuple[int, int] = (10, 24), response_len: int = 6,
-                       seed: int = 0, source: str = "tiny"):
-    """A real targets folder: ground truth captured during greedy decoding of ``model`` on random prompts."""
+                       seed: int = 0, source: str = "tiny", with_text: bool = False):
+    """A real targets folder: ground truth captured during greedy decoding of ``model`` on random prompts.
+    ``with_text``: records carry the prompt as text for :func:`save_tiny_model`'s tokenizer, and its last
+    third as the question (what the ``context`` mode splits on)."""
     from lkvcli.attention import capture_attention
     from lkvcli.generate import greedy_decode, prefill
     from lkvcli.models import num_kv_heads, num_layers
@@ -92,7 +94,11 @@ def write_tiny_targets(folder, model, n: int = 8, lengths: tuple[int, int] = (10
         ids = torch.randint(1, VOCAB - 1, (1, length), generator=gen)
         with capture_attention(model, key_len=length, query_start=length) as capture:
             response, _ = greedy_decode(model, prefill(model, ids), response_len, feed_last=True)
-        writer.add({"id": f"r{i:04d}"}, ids[0], torch.tensor(response), capture.scores()[0])
+        meta = {"id": f"r{i:04d}"}
+        if with_text:
+            words = [f"t{t}" for t in ids[0].tolist()]
+            meta |= {"prompt_text": " ".join(words), "question": " ".join(words[2 * length // 3:])}
+        writer.add(meta, ids[0], torch.tensor(response), capture.scores()[0])
     writer.close()
     return folder
 
