@@ -1,6 +1,7 @@
-"""Every benchmark in one run (what `make bench` runs): eviction overhead, capture cost, train step.
+"""Every benchmark in one run (what `make bench` runs): eviction overhead, capture cost, train step,
+and the eval engine against the one-method-at-a-time path.
 
-Runs the three scripts beside this one, each in its own process and each measuring its
+Runs the four scripts beside this one, each in its own process and each measuring its
 variants side by side (interleaved repeats, medians), then writes one summary:
 
     OUT/summary.json   the machine, the command lines and every script's results
@@ -105,12 +106,25 @@ def summary_table(overhead: dict, capture: dict, train_step: dict, lengths: list
     return "\n".join(lines)
 
 
+def eval_line(bench: dict) -> str:
+    """bench_eval.py's result in one sentence: speed-up and whether the answers agree."""
+    check = bench["check"]
+    return (f"lkv eval engine vs one method at a time ({bench['records']} records, {len(bench['methods'])} methods x "
+            f"{len(bench['budgets'])} budgets, prediction + answers): {bench['seconds']['reference']:.0f} s -> "
+            f"{bench['seconds']['engine']:.0f} s, **{bench['speedup']:.2f}x**; answers identical "
+            f"{check['answers_identical']}/{check['answers']} (near-tie flips {check['near_tie_flips']}), largest "
+            f"metric difference {check['max_metric_diff']:.1e}.")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--lengths", type=int, nargs="+", default=[1024, 2048, 4096])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--eval-records", type=int, default=8, help="built-in records of bench_eval.py")
+    parser.add_argument("--eval-tokens", default="1500,2000", help="their prompt length range, MIN,MAX")
+    parser.add_argument("--eval-budgets", default="64,128,256,512")
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--summarize-only", action="store_true",
                         help="rewrite the summary from the results already in OUT, running nothing")
@@ -127,6 +141,10 @@ def main() -> None:
                     out / "capture.json"),
         "train_step": ("bench_train_step.py", [*common, *threads, "--lengths", *lengths,
                                                "--out", str(out / "train_step.json")], out / "train_step.json"),
+        "eval": ("bench_eval.py", ["--model", args.model, *threads, "--records", str(args.eval_records),
+                                   "--min-tokens", args.eval_tokens.split(",")[0],
+                                   "--max-tokens", args.eval_tokens.split(",")[1], "--budgets", args.eval_budgets,
+                                   "--out", str(out)], out / "bench_eval.json"),
     }
     # --summarize-only keeps the machine, timings and date of the run that produced the results
     previous = (json.loads((out / "summary.json").read_text())
@@ -138,6 +156,7 @@ def main() -> None:
         results[key] = json.loads(result_path.read_text())
     info = previous.get("machine") or machine(args.threads)
     table = summary_table(results["overhead"], results["capture"], results["train_step"], args.lengths)
+    table += "\n\n" + eval_line(results["eval"])
     summary = {"machine": info, "model": args.model, "repeats": args.repeats, "seconds": seconds,
                "created": previous.get("created") or time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **results}
     (out / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")

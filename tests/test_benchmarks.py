@@ -17,11 +17,12 @@ def test_run_all_writes_one_summary_of_every_benchmark(tmp_path):
     out = tmp_path / "bench"
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     done = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "run_all.py"), "--model", str(model),
-                           "--lengths", "256", "320", "--repeats", "1", "--threads", "1", "--out", str(out)],
+                           "--lengths", "256", "320", "--repeats", "1", "--threads", "1", "--out", str(out),
+                           "--eval-records", "1", "--eval-tokens", "200,300", "--eval-budgets", "16,32"],
                           capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["machine"]["torch_threads"] == 1 and set(summary["seconds"]) == {"overhead", "capture", "train_step"}
+    assert summary["machine"]["torch_threads"] == 1 and set(summary["seconds"]) == {"overhead", "capture", "train_step", "eval"}
     overhead = summary["overhead"]["lengths"]
     assert set(overhead) == {"256", "320"} and {"plain", "lookahead", "snapkv", "h2o"} <= set(overhead["256"])
     table = (out / "summary.md").read_text()
@@ -42,3 +43,6 @@ def test_run_all_writes_one_summary_of_every_benchmark(tmp_path):
     assert rows["ground-truth capture: generate + capture vs generate"][1] == f"{100 * capture['capture_overhead']:+.1f}%"
     ratio = rows["train step: naive / cached time"]
     assert all(re.fullmatch(r"\d+\.\dx", cell) for cell in ratio), ratio
+    bench = summary["eval"]
+    assert bench["check"]["rows"] > 0 and not bench["check"]["missing"] and bench["check"]["max_metric_diff"] == 0
+    assert f"{bench['speedup']:.2f}x" in table
