@@ -165,3 +165,21 @@ def test_adapter_from_a_training_run_and_from_its_bundle(tmp_path):
             "--parts", "prediction", "--out", tmp_path / "c", "--split", "all", "--limit", len(val_ids))
     c = json.loads((tmp_path / "c" / "results.json").read_text())
     assert b["prediction"]["lookahead"]["kl"] == pytest.approx(c["prediction"]["lookahead"]["kl"], abs=1e-6)
+
+
+def test_a_results_folder_from_other_settings_is_refused_and_kept(setup_dir, tmp_path):
+    t, out = setup_dir / "t", tmp_path / "r"
+    args = ["eval", "--targets", t, "--methods", "snapkv", "--budgets", "8", "--parts", "prediction,answers",
+            "--out", out]
+    assert lkv(*args).exit_code == 0
+    before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()}
+    r = lkv(*args, "--max-new-tokens", "2")
+    one_line_error(r, "other settings", "max_new_tokens", "--overwrite")
+    assert r.exit_code == 2
+    assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file()} == before
+    again = lkv(*args)  # the same settings resume: nothing to compute, the same results
+    assert again.exit_code == 0 and "0 computed now" in again.output
+    assert json.loads((out / "results.json").read_text())["answers"] == json.loads(before["results.json"])["answers"]
+    assert lkv(*args, "--max-new-tokens", "2", "--overwrite").exit_code == 0
+    rows = [json.loads(line) for line in (out / "predictions.jsonl").read_text().splitlines()]
+    assert json.loads((out / "journal.json").read_text())["max_new_tokens"] == 2 and len(rows) == len(ROWS) * 3
