@@ -132,12 +132,13 @@ def lkv_attention_forward(module, query, key, value, attention_mask, dropout=0.0
         capture.observe(module, query, key, attention_mask, scaling, kwargs)
     valid = (_KEY_VALID.get() or {}).get(module.layer_idx)
     if valid is not None:
-        attention_mask = _mask_key_padding(attention_mask, valid, query.shape[2], key.shape[2])
+        attention_mask = _mask_key_padding(attention_mask, valid, query.shape[1], query.shape[2], key.shape[2])
     return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
 
 
-# Per layer, which cache slots of each batch row hold real entries (rows evicted to different sizes,
-# padded to one length); slots past a mask's length (tokens decoded since) are real.
+# Per layer, which cache slots of each batch row (and KV head) hold real entries (rows or heads
+# evicted to different sizes, padded to one length); slots past a mask's length (tokens decoded
+# since) are real.
 _KEY_VALID: contextvars.ContextVar[dict[int, torch.Tensor] | None] = contextvars.ContextVar("lkv_key_valid",
                                                                                          default=None)
 
@@ -152,12 +153,16 @@ def key_padding(valid: dict[int, torch.Tensor] | None):
         _KEY_VALID.reset(token)
 
 
-def _mask_key_padding(attention_mask, valid: torch.Tensor, q_len: int, k_len: int) -> torch.Tensor:
-    """``attention_mask`` (None: causal) with the padded key slots masked out, as a bool mask."""
+def _mask_key_padding(attention_mask, valid: torch.Tensor, heads: int, q_len: int, k_len: int) -> torch.Tensor:
+    """``attention_mask`` (None: causal) with the padded key slots masked out, as a bool mask.
+    ``valid`` is (batch, slots) or, when KV heads keep different counts, (batch, kv_heads, slots)."""
     device = valid.device
-    keys = torch.ones(valid.shape[0], k_len, dtype=torch.bool, device=device)
-    keys[:, : valid.shape[1]] = valid[:, :k_len]
-    mask = keys[:, None, None, :]
+    valid = valid if valid.dim() == 3 else valid[:, None]
+    keys = torch.ones(*valid.shape[:2], k_len, dtype=torch.bool, device=device)
+    keys[..., : valid.shape[-1]] = valid[..., :k_len]
+    if keys.shape[1] > 1:  # per KV head: repeat over the query heads of each group
+        keys = keys.repeat_interleave(heads // keys.shape[1], dim=1)
+    mask = keys[:, :, None, :]
     if attention_mask is None or attention_mask.shape[-1] < k_len:  # none, or built for a longer layer 0
         q_slots = torch.arange(k_len - q_len, k_len, device=device)[:, None]
         return mask & (torch.arange(k_len, device=device)[None, :] <= q_slots)

@@ -65,14 +65,24 @@ def budget_label(budget: int | float) -> str:
     return f"{budget:g}" if isinstance(budget, float) else str(budget)
 
 
+ALLOCATIONS = ("uniform", "heads", "global")
+
+
 def keep_indices(scores: torch.Tensor, budgets: list[int], *, sink_tokens: int = 0, recent_window: int = 0,
-                 attention_mask: torch.Tensor | None = None) -> list[torch.Tensor | None]:
+                 attention_mask: torch.Tensor | None = None, allocation: str = "uniform",
+                 pooled_layers: list[int] | None = None) -> list[torch.Tensor | None]:
     """Per layer, the kept prompt positions ``(batch, kv_heads, C_l)`` in increasing order (None: keep all).
 
-    ``scores`` is ``(batch, layers, kv_heads, L)``; ``budgets`` one entry count per layer.
-    Protected positions rank above every scored one; padded positions (``attention_mask``
-    0) are never kept.
+    ``scores`` is ``(batch, layers, kv_heads, L)``; ``budgets`` one entry count per layer and KV
+    head. Protected positions rank above every scored one; padded positions (``attention_mask``
+    0) are never kept. ``allocation``: ``uniform`` keeps C_l in every head; ``heads`` keeps the
+    top C_l x kv_heads of a layer across its heads (AdaKV-style), ``global`` the top of all
+    ``pooled_layers`` (default: all) together, sum of their budgets (KVzip-style). Then heads
+    keep different counts: each keeps at least its best position, rows are padded to the
+    layer's longest head with -1 (see :func:`evict`).
     """
+    if allocation not in ALLOCATIONS:
+        raise LkvError(f"allocation {allocation!r} is not one of {', '.join(ALLOCATIONS)}")
     b, layers, kv, L = scores.shape
     if len(budgets) != layers:
         raise ValueError(f"{len(budgets)} budgets for {layers} layers")
@@ -94,8 +104,13 @@ def keep_indices(scores: torch.Tensor, budgets: list[int], *, sink_tokens: int =
     priority = torch.where((pos >= first) & (pos < first + sink_tokens), 4.0, priority)
     priority = torch.where(valid, priority, -8.0)
     s = scores.float().nan_to_num(0.0, posinf=0.0, neginf=0.0)
-    lo, hi = s.amin(-1, keepdim=True), s.amax(-1, keepdim=True)
-    ranked = (s - lo) / (hi - lo).clamp_min(1e-30) * 0.5 + priority[:, None, None, :]  # scores in [0, 0.5]
+    # scores in [0, 0.5] per head; under heads/global allocation on one scale across heads (and layers)
+    span = {"uniform": (-1,), "heads": (-2, -1), "global": (1, 2, 3)}[allocation]
+    lo, hi = s.amin(span, keepdim=True), s.amax(span, keepdim=True)
+    ranked = (s - lo) / (hi - lo).clamp_min(1e-30) * 0.5 + priority[:, None, None, :]
+    if allocation != "uniform":  # every head keeps at least its best position
+        ranked = ranked.scatter_add(-1, ranked.argmax(-1, keepdim=True), torch.full_like(ranked[..., :1], 2.0))
+        return _pooled_keep(ranked, budgets, allocation, pooled_layers)
     out = []
     for layer, budget in enumerate(budgets):
         if budget >= L:
@@ -106,14 +121,40 @@ def keep_indices(scores: torch.Tensor, budgets: list[int], *, sink_tokens: int =
     return out
 
 
+def _pooled_keep(ranked: torch.Tensor, budgets: list[int], allocation: str, pooled_layers) -> list:
+    """``heads``/``global`` allocation: one top over a layer's heads, or over every pooled layer's."""
+    b, layers, kv, L = ranked.shape
+    evicted = [layer for layer in (range(layers) if pooled_layers is None else pooled_layers) if budgets[layer] < L]
+    groups = [[layer] for layer in evicted] if allocation == "heads" else [evicted] if evicted else []
+    chosen = torch.zeros(b, layers, kv, L, dtype=torch.bool, device=ranked.device)
+    for group in groups:
+        flat = ranked[:, group].reshape(b, -1)
+        total = min(flat.shape[-1], sum(max(1, budgets[layer]) * kv for layer in group))
+        chosen[:, group] = torch.zeros_like(flat, dtype=torch.bool).scatter_(
+            -1, flat.topk(total, dim=-1).indices, True).view(b, len(group), kv, L)
+    out = []
+    pos = torch.arange(L, device=ranked.device)
+    for layer in range(layers):
+        if layer not in evicted:  # a budget covering the prompt, or a layer left out (sliding window)
+            out.append(None)
+            continue
+        keep = chosen[:, layer]
+        width = int(keep.sum(-1).max())
+        idx = torch.where(keep, pos, L).sort(dim=-1).values[..., :width]
+        out.append(torch.where(idx < L, idx, -1))
+    return out
+
+
 @dataclass
 class Eviction:
     """An evicted cache and what it cost and saved."""
 
     cache: object
-    kept: list  # per layer: (batch, kv, C) indices, or None when the layer was kept whole
+    kept: list  # per layer: (batch, kv, C) indices (-1: padding), or None when the layer was kept whole
     bytes_before: int
-    bytes_after: int
+    bytes_after: int  # what the evicted cache holds, padding included
+    padding_bytes: int = 0  # padded slots of heads that keep fewer entries than their layer's longest
+    key_valid: dict | None = None  # layer -> (batch, kv, C) bool, where some heads are padded
 
 
 def cache_bytes(cache) -> int:
@@ -135,24 +176,34 @@ def fork_cache(cache):
 
 
 def evict(cache, kept: list[torch.Tensor | None]) -> Eviction:
-    """Gather the kept entries of every full-attention layer into a new, smaller cache."""
+    """Gather the kept entries of every full-attention layer into a new, smaller cache. Index -1
+    (heads keeping fewer entries than their layer's longest) becomes a zero slot masked out by
+    ``Eviction.key_valid``."""
     before = cache_bytes(cache)
     new = fork_cache(cache)
     if len(kept) != len(new.layers):
         raise ValueError(f"kept sets for {len(kept)} layers, cache has {len(new.layers)}")
-    out_kept = []
-    for layer, idx in zip(new.layers, kept):
+    out_kept, valid, padding = [], {}, 0
+    for i, (layer, idx) in enumerate(zip(new.layers, kept)):
         if idx is None or getattr(layer, "is_sliding", False) or layer.keys is None:
             out_kept.append(None)
             continue
         if layer.keys.shape[-2] != idx.shape[-1] and int(idx.max()) >= layer.keys.shape[-2]:
             raise ValueError("kept positions beyond the cached entries")
-        gather = idx.to(layer.keys.device).unsqueeze(-1).expand(-1, -1, -1, layer.keys.shape[-1])
-        layer.keys = layer.keys.gather(2, gather)
-        layer.values = layer.values.gather(2, idx.to(layer.values.device).unsqueeze(-1).expand(
-            -1, -1, -1, layer.values.shape[-1]))
+        real = idx.to(layer.keys.device) >= 0
+        gather = idx.to(layer.keys.device).clamp_min(0).unsqueeze(-1)
+        for name in ("keys", "values"):
+            t = getattr(layer, name)
+            picked = t.gather(2, gather.expand(-1, -1, -1, t.shape[-1]))
+            if not bool(real.all()):
+                picked = picked * real.unsqueeze(-1)
+                padding += int((~real).sum()) * t.shape[-1] * t.element_size()
+            setattr(layer, name, picked)
+        if not bool(real.all()):
+            valid[i] = real
         out_kept.append(idx)
-    return Eviction(cache=new, kept=out_kept, bytes_before=before, bytes_after=cache_bytes(new))
+    return Eviction(cache=new, kept=out_kept, bytes_before=before, bytes_after=cache_bytes(new),
+                    padding_bytes=padding, key_valid=valid or None)
 
 
 def uniform_length(cache) -> bool:
@@ -191,6 +242,13 @@ def compress(scorer, scores: torch.Tensor, state, budget: int | float, *, attent
     L, layers = scores.shape[-1], scores.shape[1]
     per_layer = scorer.layer_budgets(resolve_budget(budget, L), layers, L)
     kept = keep_indices(scores, per_layer, sink_tokens=scorer.sink_tokens, recent_window=scorer.recent_window,
-                        attention_mask=attention_mask)
+                        attention_mask=attention_mask, allocation=scorer.allocation,
+                        pooled_layers=full_attention_layers(state.cache))
     ev = evict(state.cache, kept)
-    return Prefill(cache=ev.cache, logits=state.logits.clone(), next_position=state.next_position), ev
+    return Prefill(cache=ev.cache, logits=state.logits.clone(), next_position=state.next_position,
+                   key_valid=ev.key_valid), ev
+
+
+def full_attention_layers(cache) -> list[int]:
+    """The layers eviction acts on (sliding-window layers are kept whole)."""
+    return [i for i, layer in enumerate(cache.layers) if not getattr(layer, "is_sliding", False)]

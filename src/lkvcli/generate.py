@@ -67,8 +67,8 @@ def stack_states(states: list[Prefill]) -> Prefill:
             continue
         width = max(lengths[i])
         padded = min(lengths[i]) < width
-        if padded:
-            valid[i] = torch.stack([torch.arange(width, device=r.keys.device) < r.keys.shape[-2] for r in layers[i]])
+        if padded or any(s.key_valid and i in s.key_valid for s in states):
+            valid[i] = torch.cat([_row_valid(s, i, width) for s in states])
         for name in ("keys", "values"):
             parts = [getattr(r, name) for r in layers[i]]
             if padded:
@@ -108,6 +108,17 @@ class _ReservedLayer:
             buffer[..., n : n + q, :] = new
             setattr(layer, name, buffer[..., : n + q, :])
         return layer.keys, layer.values
+
+
+def _row_valid(state: Prefill, layer: int, width: int) -> torch.Tensor:
+    """(batch, kv_heads, width): the real slots of one state's layer, padded with False to ``width``."""
+    keys = state.cache.layers[layer].keys
+    own = (state.key_valid or {}).get(layer)
+    if own is None:
+        own = torch.ones(*keys.shape[:2], keys.shape[-2], dtype=torch.bool, device=keys.device)
+    elif own.dim() == 2:
+        own = own[:, None].expand(-1, keys.shape[1], -1)
+    return torch.nn.functional.pad(own, (0, width - own.shape[-1]), value=False)
 
 
 def _keep_rows(state: Prefill, rows: torch.Tensor) -> None:

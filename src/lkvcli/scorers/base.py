@@ -112,7 +112,10 @@ class Scorer:
     ``sink_tokens``: always keep the first k prompt positions. ``recent_window``: always
     keep the last w prompt positions (when protected positions exceed the budget, sinks win,
     then the most recent). ``pooling``/``pooling_kernel``: smooth scores along the prompt
-    (1-D avg or max pooling, stride 1, same length), then renormalise.
+    (1-D avg or max pooling, stride 1, same length), then renormalise. ``allocation``: how a
+    budget is shared (:func:`lkvcli.evict.keep_indices`): the same count in every KV head
+    (``uniform``), one top per layer across its heads (``heads``), or one top over every
+    full-attention layer (``global``).
     """
 
     name: ClassVar[str] = ""
@@ -123,6 +126,7 @@ class Scorer:
     recent_window: int = 0
     pooling: Literal["none", "avg", "max"] = "none"
     pooling_kernel: int = 7
+    allocation: Literal["uniform", "heads", "global"] = "uniform"
 
     def validate(self) -> None:
         if self.sink_tokens < 0 or self.recent_window < 0:
