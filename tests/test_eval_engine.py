@@ -147,3 +147,15 @@ def test_a_folder_with_other_settings_is_refused_then_replaced_with_overwrite(tm
     more = tiny_run(tmp_path, "llama", methods=["snapkv", "tova"], budgets=("3", "6"), max_new_tokens=2)
     evaluate(more)  # new methods and budgets add rows to the same journal
     assert {(r["method"], r["budget"]) for r in rows_of(tmp_path / "out-llama-whole")} >= {("tova", "6"), ("snapkv", "3")}
+
+
+def test_engine_with_head_adaptive_allocations(tmp_path):
+    run = tiny_run(tmp_path, "qwen2", methods=["snapkv", "oracle", "lookahead", "pyramidkv"],
+                   scorers={"snapkv": {"allocation": "heads", "recent_window": 0}, "oracle": {"allocation": "global"},
+                            "pyramidkv": {"allocation": "heads"}})
+    evaluate(run)
+    rows = rows_of(tmp_path / "out-qwen2-whole")
+    reference = [row for i in run.record_indices for row in evaluate_record_sequential(run, run.reader[i])]
+    assert assert_rows_match(reference, rows) == 0
+    padded = [r for r in rows if r["part"] == "answers" and r.get("padding_bytes")]
+    assert padded and all(r["cache_bytes_after"] < r["cache_bytes_before"] for r in padded)

@@ -109,6 +109,24 @@ def chat_ids(tokenizer, messages: list[dict]) -> tuple[list[int], str]:
     return list(ids), text
 
 
+def critical_spans(tokenizer, text: str, prompt) -> list[dict] | None:
+    """The prompt's ``critical_chars`` (character spans in its last message) as token spans
+    ``{"fact", "text", "span": [start, end)}`` of the chat-formatted ``text``: every token that
+    overlaps the characters. None when the prompt has none (or its message is not in ``text``)."""
+    chars = prompt.meta.get("critical_chars")
+    base = text.rfind(prompt.messages[-1]["content"])
+    if not chars or base < 0:
+        return None
+    offsets = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True).offset_mapping
+    out = []
+    for fact in chars:
+        start, end = (base + c for c in fact["chars"])
+        tokens = [i for i, (a, b) in enumerate(offsets) if a < end and b > start]
+        if tokens:
+            out.append({"fact": fact["fact"], "text": fact["text"], "span": [tokens[0], tokens[-1] + 1]})
+    return out or None
+
+
 @torch.inference_mode()
 def ground_truth(model, prompt_ids: torch.Tensor, max_new_tokens: int, stop_ids: set[int],
                  reduction: str = "mean") -> tuple[list[int], torch.Tensor | None, str]:
@@ -190,6 +208,9 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
                 "response_text": tokenizer.decode(tokens, skip_special_tokens=True), "stop_reason": reason,
                 "extra": prompt.meta,
             }
+            spans = critical_spans(tokenizer, text, prompt)
+            if spans:
+                meta["critical_spans"] = spans
             writer.add(meta, prompt_ids[0], torch.tensor(tokens), target)
             summary.written += 1
             summary.prompt_tokens += len(ids)

@@ -7,7 +7,7 @@ Layout::
     OUT/predictions.jsonl  one line per (record, method, budget) and part, the journal (lkvcli.evaluate.journal)
     OUT/journal.json       the settings that decide the rows' values (a resumed run must match them)
     OUT/report.md          the tables below, in Markdown, with the plots
-    OUT/plots/*.png        recall vs budget, answer accuracy vs budget, overhead per method
+    OUT/plots/*.png        recall vs budget, critical recall per layer, answer accuracy vs budget, overhead
 """
 
 from __future__ import annotations
@@ -29,9 +29,15 @@ def prediction_rows(results: dict, key: str = "recall") -> tuple[list[str], list
     budgets = results["budgets"]
     header = ["method", "KL(GT||m)", *[f"{key}@{b}" for b in budgets]]
     rows = []
-    for name, entry in _ranked(results["prediction"], lambda e: e["budgets"][budgets[0]][key]):
-        rows.append([name, _fmt(entry["kl"]), *[_fmt(entry["budgets"][b][key]) for b in budgets]])
+    for name, entry in _ranked(results["prediction"], lambda e: e["budgets"][budgets[0]].get(key)):
+        rows.append([name, _fmt(entry["kl"]), *[_fmt(entry["budgets"][b].get(key)) for b in budgets]])
     return header, rows
+
+
+def _has(results: dict, key: str) -> bool:
+    """Whether any method has ``key`` at some budget (critical/copy metrics need spans or copies)."""
+    return any(e["budgets"][b].get(key) is not None for e in results.get("prediction", {}).values()
+               for b in results["budgets"])
 
 
 def answer_rows(results: dict) -> tuple[list[str], list[list[str]]]:
@@ -97,6 +103,13 @@ def sections(results: dict) -> list[tuple[str, list[str], list[list[str]]]]:
         out.append(("Ground-truth mass recall (higher is better)", *prediction_rows(results, "recall")))
         out.append(("Recall excluding the first 4 positions", *prediction_rows(results, "recall_nosink")))
         out.append(("Overlap with the oracle's kept set", *prediction_rows(results, "overlap")))
+        for key, title in (("critical_recall", "Critical recall: share of the inserted facts' tokens kept"),
+                           ("critical_heads", "Critical heads: share of (layer, KV head) pairs keeping every "
+                                              "fact whole"),
+                           ("copy_recall", "Copy recall (records without facts): share kept of the prompt tokens "
+                                           "the response copies")):
+            if _has(results, key):
+                out.append((title, *prediction_rows(results, key)))
     if "answers" in results:
         out.append(("Answer accuracy (task metric; open prompts: ROUGE-L agreement with the full cache)",
                     *answer_rows(results)))
@@ -158,6 +171,19 @@ def plot(results: dict, folder: Path) -> list[str]:
             ax.grid(alpha=0.3)
         axes[0].legend(fontsize=8)
         save(fig, "recall_vs_budget.png")
+    if _has(results, "critical_recall_by_layer"):
+        fig, axes = plt.subplots(1, len(budgets), figsize=(4.5 * len(budgets), 4), sharey=True, squeeze=False)
+        for ax, b in zip(axes[0], budgets):
+            for name, entry in results["prediction"].items():
+                values = entry["budgets"][b].get("critical_recall_by_layer")
+                if values:
+                    ax.plot(range(len(values)), values, marker=".", label=name)
+            ax.set_title(f"budget {b}")
+            ax.set_xlabel("layer")
+            ax.grid(alpha=0.3)
+        axes[0][0].set_ylabel("critical recall (share of fact tokens kept)")
+        axes[0][0].legend(fontsize=8)
+        save(fig, "critical_by_layer.png")
     if "answers" in results:
         fig, ax = plt.subplots(figsize=(6, 4))
         ans = results["answers"]

@@ -13,6 +13,16 @@ def _mean(values) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+def _mean_lists(lists) -> list[float | None] | None:
+    """Elementwise mean of the lists present (per-layer values)."""
+    lists = [v for v in lists if v is not None]
+    return [_mean(column) for column in zip(*lists)] if lists else None
+
+
+PREDICTION_KEYS = ("recall", "recall_nosink", "overlap", "critical_recall", "critical_heads", "copy_recall")
+BY_LAYER_KEYS = ("critical_recall_by_layer", "critical_heads_by_layer", "copy_recall_by_layer")
+
+
 def selected_rows(rows: list[dict], record_ids: list[str], methods: list[str], labels: list[str]) -> list[dict]:
     """The rows of this run's records, methods and budgets, in record / part / method / budget order."""
     rank = {rid: i for i, rid in enumerate(record_ids)}
@@ -30,8 +40,11 @@ def aggregate_prediction(rows: list[dict], methods: list[str], labels: list[str]
         per_budget = {}
         for label in labels:
             sel = [r for r in mine if r["budget"] == label]
-            per_budget[label] = {k: _mean(r[k] for r in sel) for k in ("recall", "recall_nosink", "overlap")}
+            per_budget[label] = {k: _mean(r.get(k) for r in sel) for k in PREDICTION_KEYS}  # older rows lack some
+            per_budget[label].update({k: _mean_lists(r.get(k) for r in sel) for k in BY_LAYER_KEYS})
         out[name] = {"kl": _mean(r["kl"] for r in mine), "records": len({r["id"] for r in mine}),
+                     "critical_records": len({r["id"] for r in mine if r.get("critical_recall") is not None}),
+                     "copy_records": len({r["id"] for r in mine if r.get("copy_recall") is not None}),
                      "budgets": per_budget}
     return out
 

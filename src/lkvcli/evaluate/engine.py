@@ -30,11 +30,11 @@ from dataclasses import dataclass, field, fields
 import torch
 
 from ..attention import normalise
-from ..evict import budget_label, compress, feed, resolve_budget
+from ..evict import budget_label, compress, feed, full_attention_layers, resolve_budget
 from ..generate import greedy_decode_batch, stack_states
 from ..scorers import prepare
 from ..scorers.base import ScoreContext, prepare_shared
-from .metrics import answer_score, prediction_metrics, rouge_l
+from .metrics import answer_score, copied_runs, prediction_metrics, rouge_l
 from .records import split_ids
 
 
@@ -85,6 +85,8 @@ class RecordJob:
     full_tokens: list
     full_text: str
     common: dict
+    critical: list | None = None  # critical spans [start, end) clipped to the scored part
+    copied: list | None = None    # without critical spans: the prompt ranges the response copies
 
     @classmethod
     def build(cls, run, record) -> RecordJob:
@@ -94,10 +96,13 @@ class RecordJob:
         meta = record.meta
         common = {"id": record.id, "task": meta.get("task"), "metric": meta.get("metric"),
                   "prompt_len": record.prompt_len, "scored_len": cut}
+        spans = [(s, min(e, cut)) for s, e in (f["span"] for f in meta.get("critical_spans") or []) if s < cut]
+        copied = None if spans else [(s, min(e, cut)) for s, e in copied_runs(
+            record.prompt_ids.tolist(), record.response_ids.tolist()) if s < cut]
         return cls(record=record, head=head, tail=tail, cut=cut,
                    sizes={budget_label(b): resolve_budget(b, cut) for b in run.budgets}, limit=limit,
                    full_tokens=full_tokens, full_text=run.tokenizer.decode(full_tokens, skip_special_tokens=True),
-                   common=common)
+                   common=common, critical=spans or None, copied=copied or None)
 
     def target(self) -> torch.Tensor:
         return normalise(self.record.target[..., : self.cut])
@@ -108,8 +113,10 @@ class RecordJob:
                 "score": answer_score(self.full_text, meta.get("answer"), meta.get("metric"), self.full_text),
                 "agreement": 1.0, "same_as_full": True}
 
-    def prediction_rows(self, name: str, scorer, scores: torch.Tensor, labels: list[str]) -> list[dict]:
-        m = prediction_metrics(scorer, scores, self.target(), sorted({self.sizes[b] for b in labels}))
+    def prediction_rows(self, name: str, scorer, scores: torch.Tensor, labels: list[str], state) -> list[dict]:
+        m = prediction_metrics(scorer, scores, self.target(), sorted({self.sizes[b] for b in labels}),
+                               pooled_layers=full_attention_layers(state.cache), critical=self.critical,
+                               copied=self.copied)
         return [{**self.common, "part": "prediction", "method": name, "budget": b, "entries": self.sizes[b],
                  "kl": m["kl"], **m["budgets"][self.sizes[b]]} for b in labels]
 
@@ -120,7 +127,8 @@ class RecordJob:
                 "answer_text": text, "score": answer_score(text, meta.get("answer"), meta.get("metric"), self.full_text),
                 "agreement": rouge_l(text, self.full_text), "same_as_full": decoded.tokens == self.full_tokens,
                 "margin_min": min(decoded.margins, default=None),
-                "cache_bytes_before": eviction.bytes_before, "cache_bytes_after": eviction.bytes_after}
+                "cache_bytes_before": eviction.bytes_before, "cache_bytes_after": eviction.bytes_after,
+                "padding_bytes": eviction.padding_bytes}
 
 
 def answer_batches(run, job: RecordJob) -> list[list[tuple[str, str]]]:
@@ -167,7 +175,8 @@ def evaluate_record(run, record, journal, want_pred: bool, want_ans: bool, timin
             scores[name] = run.methods[name].score(contexts[name])
     with timed(timings, "metrics_s", run.device):
         for name, labels in pred_todo.items():
-            for row in job.prediction_rows(name, run.methods[name], scores[name], labels) if labels else []:
+            for row in job.prediction_rows(name, run.methods[name], scores[name], labels, contexts[name].state) \
+                    if labels else []:
                 journal.write(row)
     state = contexts[needed[0]].state
     with timed(timings, "decode_s", run.device):
@@ -209,7 +218,7 @@ def evaluate_record_sequential(run, record, want_pred: bool = True, want_ans: bo
         scored = score_prompt(scorer, run.model, job.head, record=record, tokenizer=run.tokenizer,
                               reduction=run.reduction, resources=run.resources)
         if want_pred:
-            rows += job.prediction_rows(name, scorer, scored.scores, list(job.sizes))
+            rows += job.prediction_rows(name, scorer, scored.scores, list(job.sizes), scored.ctx.state)
         for label in job.sizes if want_ans else []:
             rows += decode_batch(run, job, scored.ctx.state, [(name, label, scorer, scored.scores)])
     return rows

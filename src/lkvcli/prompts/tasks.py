@@ -4,11 +4,16 @@ A task function gets a :class:`TaskContext` (seeded rng, token target, token cou
 a :class:`Draft`: ``render(size) -> (context, question)`` whose length grows with ``size``
 (haystack lines, or list entries for ``freq_words``). The generator picks ``size`` to hit the
 token target. All random choices are drawn before rendering, so a draft is deterministic.
+
+Tasks with checkable answers also record, in ``meta["critical_chars"]``, the character spans
+of the facts the answer needs in the final context (:func:`fact_spans`): ``lkv collect`` turns
+them into token spans of the prompt (``critical_spans``) for ``lkv eval``'s critical recall.
 """
 
 from __future__ import annotations
 
 import random
+import re
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -48,11 +53,24 @@ class Draft:
     describe: Callable[[str], dict] | None = None   # final context -> extra meta
 
 
+Fact = tuple[str, str, str]  # (label, the inserted paragraph, the critical text inside it)
+
+
+def fact_spans(context: str, facts: Sequence[Fact]) -> list[dict]:
+    """``{"fact", "text", "chars": [start, end)}`` of each fact's critical text in ``context``."""
+    out = []
+    for label, paragraph, text in facts:
+        start = context.index(paragraph) + paragraph.index(text)
+        out.append({"fact": label, "text": text, "chars": [start, start + len(text)]})
+    return out
+
+
 # ---------------------------------------------------------------- shared helpers
 
 def _haystack_draft(ctx: TaskContext, question: str | Callable[[list[str]], str],
-                    inserts: Sequence[tuple[float, str]] = (), **kwargs) -> Draft:
-    """A draft over a real-text haystack with ``inserts`` (depth, paragraph) placed into it."""
+                    inserts: Sequence[tuple[float, str]] = (), facts: Sequence[Fact] = (), **kwargs) -> Draft:
+    """A draft over a real-text haystack with ``inserts`` (depth, paragraph) placed into it;
+    ``facts`` (inside those paragraphs) are recorded as ``critical_chars``."""
     hay = ctx.haystack()
     ordered = sorted(inserts, key=lambda item: item[0])
 
@@ -62,6 +80,8 @@ def _haystack_draft(ctx: TaskContext, question: str | Callable[[list[str]], str]
         return insert_paragraphs(lines, ordered), q
 
     meta = {"haystack": hay.meta, **kwargs.pop("meta", {})}
+    if facts:
+        kwargs["describe"] = lambda context: {"critical_chars": fact_spans(context, facts)}
     return Draft(render, max_size=len(hay.lines), meta=meta, **kwargs)
 
 
@@ -102,8 +122,9 @@ def needle(ctx: TaskContext) -> Draft:
     (key,), (number,) = _keys(ctx.rng, 1), _magic_numbers(ctx.rng, 1)
     depth = _depth(ctx.rng)
     question = f"What is the special magic number for {key} mentioned in the text above? Answer with the number only."
-    return _haystack_draft(ctx, question, [(depth, _needle(key, number))], answer=number,
-                           metric="contains_all", meta={"key": key, "depths": [depth]})
+    text = _needle(key, number)
+    return _haystack_draft(ctx, question, [(depth, text)], facts=[(f"number for {key}", text, number)],
+                           answer=number, metric="contains_all", meta={"key": key, "depths": [depth]})
 
 
 def multi_needle(ctx: TaskContext) -> Draft:
@@ -114,7 +135,8 @@ def multi_needle(ctx: TaskContext) -> Draft:
     question = (f"What are the special magic numbers for {_names_list(keys)} mentioned in the text above? "
                 "Answer with the numbers only, in that order, separated by commas.")
     inserts = [(d, _needle(key, num)) for d, key, num in zip(depths, keys, numbers)]
-    return _haystack_draft(ctx, question, inserts, answer=numbers, metric="contains_all",
+    facts = [(f"number for {key}", _needle(key, num), num) for key, num in zip(keys, numbers)]
+    return _haystack_draft(ctx, question, inserts, facts=facts, answer=numbers, metric="contains_all",
                            meta={"keys": keys, "depths": depths})
 
 
@@ -139,8 +161,9 @@ def kv_lookup(ctx: TaskContext) -> Draft:
     depth = _depth(ctx.rng)
     question = (f'What is the value for the key "{key}" in the JSON object in the text above? '
                 "Answer with the value only.")
-    return _haystack_draft(ctx, question, [(depth, _kv_block(pairs))], answer=value, metric="contains_all",
-                           meta={"key": key, "n_pairs": n, "depths": [depth]})
+    block = _kv_block(pairs)
+    return _haystack_draft(ctx, question, [(depth, block)], facts=[(f"value of {key}", block, value)],
+                           answer=value, metric="contains_all", meta={"key": key, "n_pairs": n, "depths": [depth]})
 
 
 def _var_name(rng: random.Random) -> str:
@@ -157,9 +180,10 @@ def var_tracking(ctx: TaskContext) -> Draft:
         depths = sorted(_depth(ctx.rng) for _ in chain)
         rhs = [value] + [f"VAR {prev}" for prev in chain[:-1]]
         inserts += [(d, f"VAR {var} = {r}") for d, var, r in zip(depths, chain, rhs)]
+    facts = [(f"VAR {var}", text, text) for var, (_, text) in zip(names, inserts[:n_main])]
     question = (f"Which variables in the text above are assigned the value {values[0]}, directly or through "
                 "other variables? Answer with the variable names only, separated by commas.")
-    return _haystack_draft(ctx, question, inserts, answer=names[:n_main], metric="contains_all",
+    return _haystack_draft(ctx, question, inserts, facts=facts, answer=names[:n_main], metric="contains_all",
                            meta={"value": values[0], "distractors": names[n_main:]})
 
 
@@ -168,6 +192,7 @@ def freq_words(ctx: TaskContext) -> Draft:
 
     ``size`` is the list length. The top words appear ``max(low + 3, 3% of size)`` times each,
     every other word at most ``low`` times (``low`` = 2, raised when the vocabulary runs out).
+    Critical facts: every occurrence of a top word.
     """
     words = list(vocabulary())
     ctx.rng.shuffle(words)
@@ -191,7 +216,12 @@ def freq_words(ctx: TaskContext) -> Draft:
 
     question = ("Which 3 words appear most often in the numbered list above? "
                 "Answer with the three words only, separated by commas.")
-    return Draft(render, max_size=max(ctx.target, 40), min_size=20, answer=top, metric="contains_all")
+    def describe(context: str) -> dict:
+        found = re.finditer(rf"^\d+\. ({'|'.join(top)})$", context, re.M)
+        return {"critical_chars": [{"fact": m[1], "text": m[1], "chars": [m.start(1), m.end(1)]} for m in found]}
+
+    return Draft(render, max_size=max(ctx.target, 40), min_size=20, answer=top, metric="contains_all",
+                 describe=describe)
 
 
 # ---------------------------------------------------------------- open-ended tasks (metric "agreement")
