@@ -62,8 +62,9 @@ def test_killed_eval_resumes_to_the_same_aggregates(real, sig):
     if not (straight / "results.json").is_file():
         subprocess.run(_eval_cmd(targets, run_dir, straight), check=True, capture_output=True, env=env, timeout=600)
     out = root / f"killed-{sig.name}"
+    # a shell's background job inherits SIGINT ignored, and Python then never raises KeyboardInterrupt
     proc = subprocess.Popen(_eval_cmd(targets, run_dir, out), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            env=env)
+                            env=env, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     journal = out / PREDICTIONS
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:  # stop once the first record is partly written
