@@ -7,19 +7,27 @@ prefill. The lookahead adapter is untrained (timing does not depend on training)
 
     python benchmarks/bench_overhead.py                                  # SmolLM2-135M, 1K/2K/4K
     python benchmarks/bench_overhead.py --lengths 1024,2048 --repeats 3
+    git show HEAD~1:src/lkvcli/lookahead.py > /tmp/old_lookahead.py      # before/after, side by side
+    python benchmarks/bench_overhead.py --methods lookahead,draft --baseline-lookahead /tmp/old_lookahead.py
     python benchmarks/bench_overhead.py --model-config llama-3.1-8b --device cuda --dtype bfloat16 \
         --lengths 8192,32768
 
 ``--model-config`` builds a randomly initialised model from a transformers config (a
 config.json file or folder), e.g. Llama-3.1-8B's on a GPU; prompts are then random token
-ids. Writes ``OUT/overhead.json`` and ``OUT/overhead.md``.
+ids. After each length's table comes the scoring passes of lookahead and draft (timed on their own,
+after prefill) in seconds and % of plain prefill, and the ratio draft / lookahead.
+``--baseline-lookahead FILE`` also times the scoring pass of another revision's ``lookahead.py`` as
+``lookahead-baseline`` (same model and weights, interleaved). Writes ``OUT/overhead.json`` and
+``OUT/overhead.md``.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import random
+import sys
 import time
 from pathlib import Path
 
@@ -30,6 +38,8 @@ from lkvcli.report import _fmt
 from lkvcli.scorers import available, get_scorer
 
 SKIP = {"oracle"}  # needs collected targets; it costs nothing at inference anyway
+BASELINE = "lookahead-baseline"
+PASSES = ("lookahead", BASELINE, "draft")  # methods whose scoring pass runs after prefill
 PRESETS = {  # --model-config NAME: published configs, built with random weights
     "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -64,6 +74,15 @@ def load(args):
     return prepare_model(model), None, f"random {config.model_type} from {args.model_config}"
 
 
+def baseline_adapter(path: str, adapter):
+    """``adapter``'s model and weights under the ``LookaheadAdapter`` of another revision's lookahead.py."""
+    spec = importlib.util.spec_from_file_location("lkvcli._baseline_lookahead", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # a submodule of lkvcli: its relative imports resolve
+    spec.loader.exec_module(module)
+    return module.LookaheadAdapter(adapter.peft_model, adapter.embeddings, adapter.config)
+
+
 def prompt_ids(tokenizer, length: int, vocab: int, device) -> torch.Tensor:
     """``length`` tokens of a bundled play (or random ids without a tokenizer)."""
     if tokenizer is None:
@@ -91,6 +110,8 @@ def main(argv=None) -> dict:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads (1 gives stable timings on a shared machine)")
+    parser.add_argument("--baseline-lookahead", default=None, metavar="FILE",
+                        help="another revision's lookahead.py, timed side by side as " + BASELINE)
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
 
@@ -102,8 +123,14 @@ def main(argv=None) -> dict:
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     scorers = {name: get_scorer(name) for name in names}
     resources = {}
-    if "lookahead" in names:
+    if "lookahead" in names or args.baseline_lookahead:
         resources["adapter"] = LookaheadAdapter.attach(model, LookaheadConfig(num_tokens=args.lookahead_tokens))
+    method_resources = {name: resources for name in names}
+    if args.baseline_lookahead:
+        names.append(BASELINE)
+        scorers[BASELINE] = get_scorer("lookahead")
+        method_resources[BASELINE] = {**resources, "adapter": baseline_adapter(args.baseline_lookahead,
+                                                                               resources["adapter"])}
     device = next(model.parameters()).device
     vocab = model.config.get_text_config().vocab_size
     rng = random.Random(args.seed)
@@ -115,7 +142,8 @@ def main(argv=None) -> dict:
 
         def run(name):
             scorer = None if name == "plain" else scorers[name]
-            return time_method(scorer, model, ids, tail, args.budget, tokenizer=tokenizer, resources=resources)
+            return time_method(scorer, model, ids, tail, args.budget, tokenizer=tokenizer,
+                               resources=method_resources.get(name))
 
         order = ["plain", *names]
         for name in order:  # warm-up
@@ -130,6 +158,7 @@ def main(argv=None) -> dict:
         results["lengths"][str(ids.shape[1])] = table
         print(f"length {ids.shape[1]}: {time.perf_counter() - t0:.0f} s", flush=True)
         print(markdown_table(ids.shape[1], table), flush=True)
+        print(passes_table(table), flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "overhead.json").write_text(json.dumps(results, indent=2))
@@ -137,7 +166,8 @@ def main(argv=None) -> dict:
           f"Budget {args.budget} entries per KV head; medians of {args.repeats} interleaved repeats; "
           f"{results['environment']['cuda'] or 'CPU'} ({results['environment']['threads']} threads), "
           f"torch {results['environment']['torch']}.", ""]
-    md += [markdown_table(int(length), table) for length, table in results["lengths"].items()]
+    md += [markdown_table(int(length), table) + "\n" + passes_table(table)
+           for length, table in results["lengths"].items()]
     (out / "overhead.md").write_text("\n".join(md))
     print(f"wrote {out / 'overhead.json'} and {out / 'overhead.md'}")
     return results
@@ -151,6 +181,18 @@ def markdown_table(length: int, table: dict) -> str:
         lines.append(f"| {name} | {_fmt(e['ttft_s'])} | {_fmt(e['scoring_s'], 4)} | {_fmt(e['overhead_pct'], 1)} | "
                      f"{_fmt(e['prefill_s'])} | {_fmt(e['score_s'], 4)} | {_fmt(e['evict_s'], 4)} | "
                      f"{_fmt(e['peak_mb'], 0)} | {_fmt(e['cache_bytes_after'] / 2**20, 2)} |")
+    return "\n".join(lines) + "\n"
+
+
+def passes_table(table: dict) -> str:
+    """The scoring passes after prefill: seconds, % of plain prefill, and how many times the draft's pass each is."""
+    prefill = table["plain"]["prefill_s"]
+    draft = table.get("draft", {}).get("score_s")
+    lines = ["| scoring pass | s | % of plain prefill | draft / this |", "|---|---|---|---|"]
+    for name in (m for m in PASSES if m in table):
+        score = table[name]["score_s"]
+        ratio = f"{draft / score:.1f}x" if draft and name != "draft" else "-"
+        lines.append(f"| {name} | {_fmt(score, 4)} | {_fmt(100 * score / prefill, 2)} | {ratio} |")
     return "\n".join(lines) + "\n"
 
 

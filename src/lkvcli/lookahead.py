@@ -8,7 +8,9 @@ It runs in two stages, and this is the one scoring implementation used by traini
 2. :meth:`LookaheadAdapter.score` runs the N lookahead embeddings over that cache (positions
    L..L+N-1) with the adapter switched on, inside :func:`lkvcli.attention.capture_attention`,
    and returns their attention over the L prompt keys, reduced per KV head, averaged over the N
-   queries and renormalised. The cache is then restored to exactly what it was.
+   queries and renormalised. The pass adds nothing to the cache (:func:`lkvcli.attention.attend_over`:
+   every layer attends over the cached keys and the N new ones without concatenating them, and
+   one softmax gives both the attention output and the scores).
 
 Every position of stage 2 is a lookahead position, so a plain LoRA switched on only for that
 pass is exactly peft's activated LoRA (aLoRA) applied to prompt + lookahead in one pass; the
@@ -28,7 +30,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .attention import GROUP_REDUCTIONS, capture_attention
+from .attention import GROUP_REDUCTIONS, attend_over, capture_attention
 from .errors import LkvError
 
 INITS = ("mean_embed", "random")
@@ -113,26 +115,6 @@ def unpad_scores(scores: torch.Tensor, attention_mask: torch.Tensor | None) -> l
     if attention_mask is None:
         return list(scores)
     return [s[..., m.bool()] for s, m in zip(scores, attention_mask.to(scores.device))]
-
-
-def _snapshot(cache) -> list[dict]:
-    from transformers.cache_utils import DynamicLayer
-
-    for layer in cache.layers:
-        if not isinstance(layer, DynamicLayer):
-            raise TypeError(f"lookahead scoring needs a DynamicCache (got a {type(layer).__name__} layer)")
-    return [dict(layer.__dict__) for layer in cache.layers]
-
-
-def _restore(cache, saved: list[dict]) -> None:
-    """Put every layer back as it was (dynamic layers grow by concatenation: old tensors are untouched).
-
-    ``DynamicCache.crop`` cannot do this on sliding-window layers that are full (it would need
-    the evicted keys back), hence the snapshot.
-    """
-    for layer, state in zip(cache.layers, saved):
-        layer.__dict__.clear()
-        layer.__dict__.update(state)
 
 
 class LookaheadAdapter:
@@ -223,7 +205,8 @@ class LookaheadAdapter:
         """Predicted importance, (batch, layers, kv_heads, L) float32, each row summing to 1 over the prompt.
 
         ``cache`` is the prompt's prefilled ``DynamicCache`` (adapter off; under grad it must not
-        come from ``torch.inference_mode``); it is left exactly as found. With a left-padded
+        come from ``torch.inference_mode``); it is left exactly as found (nothing is added to it,
+        nothing copied). With a left-padded
         batch pass the prompt's ``attention_mask`` (batch, L): pad columns score 0 (see
         :func:`unpad_scores`) and lookahead positions continue each example's own length.
         Differentiable in the embeddings and the LoRA weights when grad is enabled.
@@ -240,14 +223,11 @@ class LookaheadAdapter:
             positions = attention_mask.sum(-1, keepdim=True) + steps
             mask = torch.cat([attention_mask, attention_mask.new_ones(batch, n)], dim=-1)
         embeds = self.embeddings.to(model.dtype).expand(batch, n, -1)
-        saved = _snapshot(cache)
-        try:
-            with self.lora_on(), capture_attention(model, key_len=key_len, query_start=past, past_len=past,
-                                                   reduction=self.config.reduction) as capture:
-                model.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-                                    cache=cache, use_cache=True)
-        finally:
-            _restore(cache, saved)
+        capture = capture_attention(model, key_len=key_len, query_start=past, past_len=past,
+                                    reduction=self.config.reduction)
+        with self.lora_on(), attend_over(cache), capture as capture:
+            model.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                                cache=cache, use_cache=True)
         return capture.scores()
 
     def predict(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
