@@ -75,12 +75,13 @@ def tiny_loaded(arch: str = "llama", seed: int = 0):
 
 
 def write_tiny_targets(folder, model, n: int = 8, lengths: tuple[int, int] = (10, 24), response_len: int = 6,
-                       seed: int = 0, source: str = "tiny", with_text: bool = False):
+                       seed: int = 0, source: str = "tiny", with_text: bool = False, with_max: bool = False,
+                       tasks: tuple[str, ...] = ()):
     """A real targets folder: ground truth captured during greedy decoding of ``model`` on random prompts.
     ``with_text``: records carry the prompt as text for :func:`save_tiny_model`'s tokenizer, and its last
-    third as the question (what the ``context`` mode splits on)."""
-    from lkvcli.attention import capture_attention
-    from lkvcli.generate import greedy_decode, prefill
+    third as the question (what the ``context`` mode splits on). ``with_max``: also the max targets;
+    ``tasks``: record i gets task ``tasks[i % len(tasks)]``."""
+    from lkvcli.collect import ground_truth_targets
     from lkvcli.models import num_kv_heads, num_layers
     from lkvcli.targets import TargetsWriter, new_manifest
 
@@ -92,13 +93,14 @@ def write_tiny_targets(folder, model, n: int = 8, lengths: tuple[int, int] = (10
     for i in range(n):
         length = int(torch.randint(lengths[0], lengths[1] + 1, (1,), generator=gen))
         ids = torch.randint(1, VOCAB - 1, (1, length), generator=gen)
-        with capture_attention(model, key_len=length, query_start=length) as capture:
-            response, _ = greedy_decode(model, prefill(model, ids), response_len, feed_last=True)
+        response, found, _ = ground_truth_targets(model, ids, response_len, set(), extras=("max",) if with_max else ())
         meta = {"id": f"r{i:04d}"}
+        if tasks:
+            meta["task"] = tasks[i % len(tasks)]
         if with_text:
             words = [f"t{t}" for t in ids[0].tolist()]
             meta |= {"prompt_text": " ".join(words), "question": " ".join(words[2 * length // 3:])}
-        writer.add(meta, ids[0], torch.tensor(response), capture.scores()[0])
+        writer.add(meta, ids[0], torch.tensor(response), found.pop("mean"), extras=found)
     writer.close()
     return folder
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 ATTENTION_NAME = "lkv_sdpa"
 GROUP_REDUCTIONS = ("mean", "max")
+ROW_REDUCTIONS = ("mean", "max")
 LOG2E = 1.4426950408889634  # 1 / ln 2
 # The captures active now; several may be (one shared prefill serves every scorer's query rows).
 _ACTIVE: contextvars.ContextVar[tuple[AttentionCapture, ...]] = contextvars.ContextVar("lkv_capture", default=())
@@ -31,6 +32,9 @@ class AttentionCapture:
     Slots are indices in the sequence as the cache sees it (prefill slot 0 is the first
     token). The capture follows the slot of each layer's queries across successive
     forward calls (prefill, then decode steps), starting at ``past_len``.
+
+    ``reduction`` reduces the query heads of a KV group (mean or max); ``rows`` reduces the
+    captured queries: their mean (the default) or their max (what single queries rely on).
     """
 
     def __init__(
@@ -42,9 +46,13 @@ class AttentionCapture:
         past_len: int = 0,
         reduction: str = "mean",
         max_chunk_elements: int = 1 << 25,
+        rows: str = "mean",
     ):
         if reduction not in GROUP_REDUCTIONS:
             raise ValueError(f"group reduction must be one of {GROUP_REDUCTIONS}, not {reduction!r}")
+        if rows not in ROW_REDUCTIONS:
+            raise ValueError(f"row reduction must be one of {ROW_REDUCTIONS}, not {rows!r}")
+        self.rows = rows
         self.key_len = key_len
         self.query_start = query_start
         self.query_end = query_end
@@ -78,7 +86,7 @@ class AttentionCapture:
             scores = _apply_mask(scores, attention_mask, r0, r1, first, key_first, window)
             probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)[..., k0:k1]
             part = self._reduce(probs)
-            total = part if total is None else total + part
+            total = part if total is None else self._combine(total, part)
         self._add(module.layer_idx, total, key_first, k0, k1, hi - lo)
 
     def observe_probs(self, layer: int, weights: list[torch.Tensor], norm: torch.Tensor) -> None:
@@ -91,7 +99,7 @@ class AttentionCapture:
         first, lo, hi, key_first, k0, k1 = span
         w = weights[0] if k1 <= weights[0].shape[-1] else torch.cat(weights, dim=-1)
         w, norm = w[..., lo:hi, k0:k1], norm[..., lo:hi, :]
-        if self.reduction == "mean":  # sum over the group's rows of weights * norm: one matrix-vector product
+        if self.reduction == "mean" and self.rows == "mean":  # sum over the group's rows of weights * norm: one matrix-vector product
             batch, num_kv, group = w.shape[:3]
             part = (norm.reshape(batch, num_kv, 1, -1) @ w.reshape(batch, num_kv, -1, k1 - k0)).squeeze(2) / group
         else:
@@ -115,21 +123,25 @@ class AttentionCapture:
         return first, lo, hi, key_first, k0, k1
 
     def _reduce(self, probs: torch.Tensor) -> torch.Tensor:
-        """(batch, kv, group, rows, keys) -> (batch, kv, keys): reduced over the group, summed over rows."""
+        """(batch, kv, group, rows, keys) -> (batch, kv, keys): reduced over the group, then over rows."""
         reduced = probs.mean(2) if self.reduction == "mean" else probs.amax(2)
-        return reduced.sum(2)
+        return reduced.sum(2) if self.rows == "mean" else reduced.amax(2)
+
+    def _combine(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return a + b if self.rows == "mean" else torch.maximum(a, b)
 
     def _add(self, layer: int, total: torch.Tensor, key_first: int, k0: int, k1: int, rows: int) -> None:
         total = F.pad(total, (key_first + k0, self.key_len - (key_first + k1)))
-        self.sums[layer] = total if self.sums[layer] is None else self.sums[layer] + total
+        self.sums[layer] = total if self.sums[layer] is None else self._combine(self.sums[layer], total)
         self.counts[layer] += rows
 
     def scores(self, renormalise: bool = True) -> torch.Tensor:
-        """(batch, layers, kv_heads, key_len): mean over the captured queries, renormalised over the keys."""
+        """(batch, layers, kv_heads, key_len): mean (or max) over the captured queries, renormalised over the keys."""
         missing = [i for i, s in enumerate(self.sums) if s is None]
         if missing:
             raise RuntimeError(f"no query was captured in layers {missing[:5]}...; check query_start/past_len")
-        out = torch.stack([s / max(c, 1) for s, c in zip(self.sums, self.counts)], dim=1)
+        out = torch.stack([s / (max(c, 1) if self.rows == "mean" else 1) for s, c in zip(self.sums, self.counts)],
+                          dim=1)
         return normalise(out) if renormalise else out
 
 

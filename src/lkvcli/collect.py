@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import time
-from dataclasses import asdict, dataclass
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Literal
 
@@ -35,6 +36,8 @@ class CollectConfig:
     out: str = "targets"
     max_new_tokens: int = 512
     reduction: Literal["mean", "max"] = "mean"
+    # also record each entry's largest attention from any single response token (train objective.target=max|mix)
+    extra_targets: list[Literal["max"]] = field(default_factory=lambda: ["max"])
     storage: Literal["dense", "sparse"] = "dense"
     storage_dtype: Literal["float16", "bfloat16", "float32"] = "float16"
     sparse_mass: float = 0.99
@@ -65,6 +68,8 @@ class CollectConfig:
     def settings(self, chat_template: str) -> dict:
         """What must match for a folder to be resumed: everything that changes a target."""
         s = {k: getattr(self, k) for k in ("max_new_tokens", "reduction", "storage", "storage_dtype")}
+        if self.extra_targets:  # absent when empty: folders from before it existed still resume
+            s["extra_targets"] = sorted(set(self.extra_targets))
         if self.storage == "sparse":
             s["sparse_mass"] = self.sparse_mass
             s["sparse_top_k"] = self.sparse_top_k
@@ -127,17 +132,29 @@ def critical_spans(tokenizer, text: str, prompt) -> list[dict] | None:
     return out or None
 
 
-@torch.inference_mode()
 def ground_truth(model, prompt_ids: torch.Tensor, max_new_tokens: int, stop_ids: set[int],
                  reduction: str = "mean") -> tuple[list[int], torch.Tensor | None, str]:
     """Greedy response and its ground-truth target (layers, kv_heads, L) for one prompt (batch 1)."""
+    tokens, targets, reason = ground_truth_targets(model, prompt_ids, max_new_tokens, stop_ids, reduction)
+    return tokens, targets.get("mean"), reason
+
+
+@torch.inference_mode()
+def ground_truth_targets(model, prompt_ids: torch.Tensor, max_new_tokens: int, stop_ids: set[int],
+                         reduction: str = "mean", extras: tuple[str, ...] = ()) -> tuple[list[int], dict, str]:
+    """Greedy response and its targets, each (layers, kv_heads, L) and renormalised: ``mean`` (the
+    response tokens' mean attention) and, per name in ``extras``, ``max`` (the largest attention any
+    single response token pays each entry). Empty dict when the response is empty."""
     prompt_len = prompt_ids.shape[1]
-    with capture_attention(model, key_len=prompt_len, query_start=prompt_len, reduction=reduction) as cap:
+    with ExitStack() as stack:
+        caps = {rows: stack.enter_context(capture_attention(model, key_len=prompt_len, query_start=prompt_len,
+                                                            reduction=reduction, rows=rows))
+                for rows in ("mean", *extras)}
         state = prefill(model, prompt_ids)
         tokens, reason = greedy_decode(model, state, max_new_tokens, stop_ids, feed_last=True)
     if not tokens:
-        return tokens, None, reason
-    return tokens, cap.scores()[0], reason
+        return tokens, {}, reason
+    return tokens, {name: cap.scores()[0] for name, cap in caps.items()}, reason
 
 
 def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_event: Callable | None = None) -> CollectSummary:
@@ -196,8 +213,9 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
                 emit("skip", reason="too_long", id=prompt.id, summary=summary)
                 continue
             prompt_ids = torch.tensor([ids], device=device)
-            tokens, target, reason = ground_truth(model, prompt_ids, config.max_new_tokens, stop_ids, config.reduction)
-            if target is None:
+            tokens, targets, reason = ground_truth_targets(model, prompt_ids, config.max_new_tokens, stop_ids,
+                                                           config.reduction, tuple(sorted(set(config.extra_targets))))
+            if not targets:
                 summary.skipped_empty += 1
                 emit("skip", reason="empty_response", id=prompt.id, summary=summary)
                 continue
@@ -211,7 +229,7 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
             spans = critical_spans(tokenizer, text, prompt)
             if spans:
                 meta["critical_spans"] = spans
-            writer.add(meta, prompt_ids[0], torch.tensor(tokens), target)
+            writer.add(meta, prompt_ids[0], torch.tensor(tokens), targets.pop("mean"), extras=targets)
             summary.written += 1
             summary.prompt_tokens += len(ids)
             summary.response_tokens += len(tokens)

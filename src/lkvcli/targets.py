@@ -48,6 +48,7 @@ class TargetRecord:
     response_ids: torch.Tensor  # (R,) int64
     target: torch.Tensor  # (layers, kv_heads, L) float32, each row sums to 1 (or is all zero)
     meta: dict = field(default_factory=dict)
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)  # e.g. "max": same shape, renormalised
 
     @property
     def prompt_len(self) -> int:
@@ -192,8 +193,10 @@ class TargetsWriter:
             elif p.is_dir() and p.name.startswith("shard-"):
                 shutil.rmtree(p)
 
-    def add(self, meta: dict, prompt_ids: torch.Tensor, response_ids: torch.Tensor, target: torch.Tensor) -> None:
-        """Queue one record; shard files are written every ``records_per_file`` records."""
+    def add(self, meta: dict, prompt_ids: torch.Tensor, response_ids: torch.Tensor, target: torch.Tensor,
+            extras: dict[str, torch.Tensor] | None = None) -> None:
+        """Queue one record (``extras``: further targets of the same shape by name, such as ``max``);
+        shard files are written every ``records_per_file`` records."""
         rid = meta["id"]
         if rid in self.done_ids or any(m["id"] == rid for m, _ in self._pending):
             raise LkvError(f"record id {rid!r} is already in {self.folder}; record ids must be unique")
@@ -201,18 +204,23 @@ class TargetsWriter:
             f"{rid}.prompt_ids": prompt_ids.reshape(-1).to("cpu", torch.int32),
             f"{rid}.response_ids": response_ids.reshape(-1).to("cpu", torch.int32),
         }
-        target = target.detach().float().cpu()
-        if self.storage == "dense":
-            tensors[f"{rid}.target"] = target.to(self.dtype)
-        else:
-            parts = sparsify(target, self.sparse_mass, self.sparse_top_k)
-            parts["values"] = parts["values"].to(self.dtype)
-            tensors.update({f"{rid}.{k}": v for k, v in parts.items()})
+        for name, tensor in {"": target, **(extras or {})}.items():
+            tensors.update(self._target_tensors(f"{rid}.{name}" if name else rid, tensor.detach().float().cpu()))
         meta = {**meta, "prompt_len": int(prompt_ids.numel()), "response_len": int(response_ids.numel()),
                 "target_shape": list(target.shape)}
+        if extras:
+            meta["extra_targets"] = sorted(extras)
         self._pending.append((meta, tensors))
         if len(self._pending) >= self.records_per_file:
             self.flush()
+
+    def _target_tensors(self, prefix: str, target: torch.Tensor) -> dict[str, torch.Tensor]:
+        """``PREFIX.target`` (dense) or ``PREFIX.indices/values/offsets`` (sparse)."""
+        if self.storage == "dense":
+            return {f"{prefix}.target": target.to(self.dtype)}
+        parts = sparsify(target, self.sparse_mass, self.sparse_top_k)
+        parts["values"] = parts["values"].to(self.dtype)
+        return {f"{prefix}.{k}": v for k, v in parts.items()}
 
     def flush(self) -> None:
         """Write queued records: the shard file first, then their lines in records.jsonl."""
@@ -341,15 +349,19 @@ class TargetsReader:
                 get = fh.get_tensor
                 prompt_ids = get(f"{rid}.prompt_ids").long()
                 response_ids = get(f"{rid}.response_ids").long()
-                shape = rec["target_shape"]
-                if f"{rid}.target" in fh.keys():
-                    target = get(f"{rid}.target").float()
-                else:
-                    target = densify(get(f"{rid}.indices"), get(f"{rid}.values"), get(f"{rid}.offsets"), shape)
+                keys, shape = set(fh.keys()), rec["target_shape"]
+
+                def dense(prefix: str) -> torch.Tensor:
+                    if f"{prefix}.target" in keys:
+                        return get(f"{prefix}.target").float()
+                    return densify(get(f"{prefix}.indices"), get(f"{prefix}.values"), get(f"{prefix}.offsets"), shape)
+
+                target = dense(rid)
+                extras = {name: normalise(dense(f"{rid}.{name}")) for name in rec.get("extra_targets", [])}
         except Exception as exc:  # noqa: BLE001 - any unreadable shard is the same user problem
             raise LkvError(f"{path}: cannot read record {rid!r} ({exc}); re-collect into a new folder") from exc
         return TargetRecord(id=rid, prompt_ids=prompt_ids, response_ids=response_ids,
-                            target=normalise(target), meta=rec)
+                            target=normalise(target), meta=rec, extras=extras)
 
 
 def new_manifest(source: str, fingerprint: dict, settings: dict, num_layers: int, num_kv_heads: int) -> dict:

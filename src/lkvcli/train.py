@@ -39,6 +39,7 @@ from .config import to_dict
 from .errors import LkvError
 from .lookahead import LookaheadAdapter, LookaheadConfig, left_pad
 from .models import DEFAULT_MODEL, LoadedModel, same_model
+from .objective import ObjectiveConfig, kl_per_example, loss_per_example, record_target  # noqa: F401 (re-exported)
 from .targets import TargetsReader, atomic_folder, save_tensors_atomic, write_bytes_atomic, write_json_atomic
 
 RUN_FORMAT = "lkv-run"
@@ -58,6 +59,8 @@ class TrainConfig:
     dtype: str = "auto"
     val_split: float = 0.1  # < 1: fraction of the records; >= 1: number of records (chosen by seeded hash of the id)
     lookahead: LookaheadConfig = field(default_factory=LookaheadConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    exclude_tasks: list[str] = field(default_factory=list)  # records of these built-in tasks are left out (held out)
     optimizer: Literal["adamw"] = "adamw"
     lr: float = 2e-3
     weight_decay: float = 0.0
@@ -102,6 +105,7 @@ class TrainConfig:
         for ok, name, why in checks:
             if not ok:
                 raise LkvError(f"{name}: {why}")
+        self.objective.validate()
 
 
 # ---------------------------------------------------------------- data
@@ -117,20 +121,30 @@ def split_records(ids: list[str], val_split: float, seed: int) -> tuple[list[int
     return [i for i in range(len(ids)) if i not in chosen], val
 
 
+def usable_split(reader: TargetsReader, config: TrainConfig) -> tuple[list[int], list[int]]:
+    """(train, validation) record indices, leaving out ``exclude_tasks``; checks the objective's targets exist."""
+    excluded = set(config.exclude_tasks)
+    tasks = {reader.meta(i).get("task") for i in range(len(reader))}
+    unknown = sorted(excluded - tasks)
+    if unknown:
+        raise LkvError(f"exclude_tasks: no record has task {unknown[0]!r}; tasks in these targets: "
+                       f"{', '.join(sorted(map(str, tasks)))}")
+    usable = [i for i in range(len(reader)) if reader.meta(i).get("task") not in excluded]
+    if not usable:
+        raise LkvError("exclude_tasks leaves no record to train on")
+    if config.objective.needs_max and any("max" not in reader.meta(i).get("extra_targets", []) for i in usable):
+        raise LkvError(f"objective.target={config.objective.target} needs max targets, which {reader.folders[0]} "
+                       "lacks; re-collect with extra_targets=max (collect's default) or use objective.target=mean")
+    train, val = split_records([reader.ids()[i] for i in usable], config.val_split, config.seed)
+    return [usable[i] for i in train], [usable[i] for i in val]
+
+
 def data_order(train: list[int], seed: int, start: int, count: int) -> list[int]:
     """Positions ``start..start+count`` of the endless stream of seeded per-epoch permutations."""
     n, perms = len(train), {}
     for epoch in range(start // n, (start + count - 1) // n + 1):
         perms[epoch] = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 100_003 + epoch)).tolist()
     return [train[perms[pos // n][pos % n]] for pos in range(start, start + count)]
-
-
-def kl_per_example(target: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
-    """(B,) mean over (layer, head) rows with a non-zero target of KL(target || pred); inputs (B, layers, heads, L)."""
-    target = target.to(pred)
-    rows = torch.xlogy(target, target).sum(-1) - (target * pred.clamp_min(1e-12).log()).sum(-1)
-    valid = (target.sum(-1) > 0).to(pred)
-    return (rows * valid).sum((1, 2)) / valid.sum((1, 2)).clamp_min(1)
 
 
 class PrefillCache:
@@ -185,8 +199,10 @@ def _right_align(parts: list[torch.Tensor], device) -> torch.Tensor:
     return out
 
 
-def batch_kl(adapter: LookaheadAdapter, records, prefills: PrefillCache | None = None) -> torch.Tensor:
-    """(B,) KL of each record's prediction; the records are left-padded into one batch."""
+def batch_loss(adapter: LookaheadAdapter, records, prefills: PrefillCache | None = None,
+               objective: ObjectiveConfig | None = None) -> torch.Tensor:
+    """(B,) loss of each record's prediction under ``objective`` (None: KL against the mean target,
+    the validation metric); the records are left-padded into one batch."""
     mask = left_pad([r.prompt_ids for r in records])[1]
     if bool(mask.all()):
         mask = None
@@ -194,8 +210,14 @@ def batch_kl(adapter: LookaheadAdapter, records, prefills: PrefillCache | None =
     pred = adapter.score(cache, attention_mask=mask)
     target = torch.zeros_like(pred)
     for row, record in enumerate(records):
-        target[row, ..., target.shape[-1] - record.prompt_len:] = record.target
-    return kl_per_example(target, pred)
+        target[row, ..., target.shape[-1] - record.prompt_len:] = (record_target(record, objective) if objective
+                                                                    else record.target)
+    return loss_per_example(target, pred, objective)
+
+
+def batch_kl(adapter: LookaheadAdapter, records, prefills: PrefillCache | None = None) -> torch.Tensor:
+    """(B,) KL(mean target || prediction) of each record."""
+    return batch_loss(adapter, records, prefills)
 
 
 # ---------------------------------------------------------------- optimiser, schedule, checkpoints
@@ -408,7 +430,7 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
         device = accelerator.device if config.device == "auto" or world > 1 else resolve_device(config.device)
         loaded = load_model(config.model, device=str(device), dtype=config.dtype)
     _check_targets(reader, loaded, config)
-    train_idx, val_idx = split_records(reader.ids(), config.val_split, config.seed)
+    train_idx, val_idx = usable_split(reader, config)
     per_step = config.batch_size * config.grad_accum * world
     total = config.steps or max(1, math.ceil(config.epochs * len(train_idx) / per_step))
 
@@ -429,7 +451,8 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
                         "model_source": reader.manifest["model"]["source"],
                         "settings": reader.manifest.get("settings", {})},
             "processes": world, "global_batch": per_step, "total_steps": total, "train_records": len(train_idx),
-            "val_ids": [reader.ids()[i] for i in val_idx], "trainable_parameters": adapter.num_parameters(),
+            "val_ids": [reader.ids()[i] for i in val_idx], "excluded_tasks": sorted(config.exclude_tasks),
+            "trainable_parameters": adapter.num_parameters(),
         })
         _trim_metrics(run / "metrics.jsonl", start)
     if config.log_with:
@@ -467,8 +490,8 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
         mine.sort(key=lambda i: reader.meta(i)["prompt_len"])  # similar lengths share a micro-batch
         loss_sum = torch.zeros((), device=adapter.device)
         for a in range(config.grad_accum):
-            part = batch_kl(adapter, [reader[i] for i in mine[a * config.batch_size:(a + 1) * config.batch_size]],
-                            prefills)
+            part = batch_loss(adapter, [reader[i] for i in mine[a * config.batch_size:(a + 1) * config.batch_size]],
+                              prefills, config.objective)
             part = part.sum() / per_step
             part.backward()
             loss_sum += part.detach()

@@ -1,0 +1,113 @@
+"""What the lookahead module is trained to predict (``objective.target``) and how a prediction is
+scored against it (``objective.loss``); the ``objective`` section of ``lkv train``.
+
+Targets, each (layers, kv_heads, L) and renormalised per (layer, head) row:
+
+- ``mean``: the response tokens' mean attention over the prompt (the paper's target);
+- ``max``: the largest attention any single response token pays each entry, so the few entries
+  one answer token copies from weigh as much as the diffuse context (needs targets collected
+  with ``extra_targets: [max]``, the default);
+- ``mix``: ``(1 - mix) * mean + mix * max``.
+
+Losses, each a mean over the rows with a non-zero target, per example:
+
+- ``kl``: ``KL(target || prediction)``;
+- ``listwise``: the same KL between both distributions tempered, ``p ** (1 / temperature)``
+  renormalised: above 1 it flattens them, so the order of the many small entries near a small
+  budget's cut counts more than the mass of the sinks;
+- ``recall``: ``kl`` plus ``recall_weight`` times a budget-aware hinge: the target mass of the
+  entries that the prediction ranks below its ``budget``-th entry, each weighted by
+  ``softplus((threshold - log p) / temperature)`` (a differentiable top-``budget`` recall).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from .attention import normalise
+from .errors import LkvError
+
+TARGETS = ("mean", "max", "mix")
+LOSSES = ("kl", "listwise", "recall")
+
+
+@dataclass
+class ObjectiveConfig:
+    """The ``train.objective`` section."""
+
+    target: Literal["mean", "max", "mix"] = "mean"
+    mix: float = 0.5  # weight of the max target in "mix"
+    loss: Literal["kl", "listwise", "recall"] = "kl"
+    temperature: float = 1.0  # listwise: tempering exponent 1/T; recall: hinge width in log-score units
+    budget: int = 64  # recall: entries per KV head whose recall the hinge pushes
+    recall_weight: float = 1.0  # recall: weight of the hinge next to the KL
+
+    def validate(self) -> None:
+        checks = [
+            (0 <= self.mix <= 1, "objective.mix", "must be in [0, 1]"),
+            (self.temperature > 0, "objective.temperature", "must be > 0"),
+            (self.budget >= 1, "objective.budget", "must be at least 1"),
+            (self.recall_weight >= 0, "objective.recall_weight", "must be >= 0"),
+        ]
+        for ok, name, why in checks:
+            if not ok:
+                raise LkvError(f"{name}: {why}")
+
+    @property
+    def needs_max(self) -> bool:
+        return self.target in ("max", "mix")
+
+
+def record_target(record, config: ObjectiveConfig) -> torch.Tensor:
+    """The training target of one :class:`lkvcli.targets.TargetRecord` under ``config.target``."""
+    if not config.needs_max:
+        return record.target
+    peak = record.extras.get("max")
+    if peak is None:
+        raise LkvError(f"objective.target={config.target} needs max targets, which record {record.id!r} lacks; "
+                       "re-collect with extra_targets=max (collect's default) or use objective.target=mean")
+    if config.target == "max":
+        return peak
+    return normalise((1 - config.mix) * record.target + config.mix * peak)
+
+
+def _kl_rows(target: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+    return torch.xlogy(target, target).sum(-1) - (target * pred.clamp_min(1e-12).log()).sum(-1)
+
+
+def _temper(p: torch.Tensor, temperature: float) -> torch.Tensor:
+    if temperature == 1:
+        return p
+    return normalise(torch.where(p > 0, p.clamp_min(1e-30) ** (1 / temperature), 0.0))
+
+
+def _recall_hinge_rows(target: torch.Tensor, pred: torch.Tensor, budget: int, temperature: float) -> torch.Tensor:
+    """Per row: sum_i target_i * softplus((threshold - log pred_i) / T), threshold the log of the
+    prediction's ``budget``-th largest entry (no gradient through it); pad columns have target 0."""
+    log_pred = pred.clamp_min(1e-12).log()
+    k = min(budget, pred.shape[-1])
+    threshold = log_pred.detach().topk(k, dim=-1).values[..., -1:]
+    return (target * F.softplus((threshold - log_pred) / temperature)).sum(-1)
+
+
+def loss_per_example(target: torch.Tensor, pred: torch.Tensor, config: ObjectiveConfig | None = None) -> torch.Tensor:
+    """(B,) loss of each example: the mean over (layer, head) rows with a non-zero target; inputs (B, layers, heads, L)."""
+    config = config or ObjectiveConfig()
+    target = target.to(pred)
+    if config.loss == "listwise":
+        rows = _kl_rows(_temper(target, config.temperature), _temper(pred, config.temperature))
+    else:
+        rows = _kl_rows(target, pred)
+    if config.loss == "recall" and config.recall_weight:
+        rows = rows + config.recall_weight * _recall_hinge_rows(target, pred, config.budget, config.temperature)
+    valid = (target.sum(-1) > 0).to(pred)
+    return (rows * valid).sum((1, 2)) / valid.sum((1, 2)).clamp_min(1)
+
+
+def kl_per_example(target: torch.Tensor, pred: torch.Tensor) -> torch.Tensor:
+    """(B,) mean over (layer, head) rows with a non-zero target of KL(target || pred): the validation metric."""
+    return loss_per_example(target, pred)
