@@ -62,7 +62,7 @@ def test_full_budget_answers_equal_the_collected_response_in_both_modes(setup_di
         assert r.exit_code == 0, r.output
         results = json.loads((out / "results.json").read_text())
         assert results["meta"]["records"] == ["q0", "q2", "open"]  # the adapter run's validation split
-        assert set(results["methods"]) == {"draft", "h2o", "knorm", "lookahead", "oracle", "pyramidkv", "random",
+        assert set(results["methods"]) == {"draft", "h2o", "knorm", "kvzip", "lookahead", "oracle", "pyramidkv", "random",
                                            "snapkv", "streamingllm", "tova"}
         for name, entry in results["answers"]["methods"].items():
             assert entry["1"]["same_as_full"] == 1.0, (mode, name)  # nothing evicted: token for token the same

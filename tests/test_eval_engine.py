@@ -14,7 +14,7 @@ from lkvcli.generate import Prefill, greedy_decode_batch, prefill, stack_states
 from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig
 from lkvcli.models import load_model
 
-METHODS = ["lookahead", "snapkv", "pyramidkv", "tova", "h2o", "streamingllm", "oracle", "draft", "knorm", "random"]
+METHODS = ["lookahead", "snapkv", "pyramidkv", "tova", "h2o", "streamingllm", "oracle", "draft", "kvzip", "knorm", "random"]
 TIE = 1e-4  # a greedy choice this close may flip under a batched float32 matmul
 
 

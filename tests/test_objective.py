@@ -145,3 +145,33 @@ def test_max_objective_on_targets_without_max_fails_with_one_line(tmp_path):
     plain = write_tiny_targets(tmp_path / "t", tiny_model("llama"), n=6)
     with pytest.raises(LkvError, match="objective.target=max needs max targets"):
         train(_config(plain, tmp_path / "run", objective=ObjectiveConfig(target="max")), loaded=tiny_loaded("llama"))
+
+
+@pytest.mark.parametrize("mode", ["context", "both"])
+def test_context_mode_trains_on_the_context_and_its_renormalised_targets(tmp_path, mode):
+    from tiny_models import save_tiny_model
+
+    from lkvcli.lookahead import LookaheadAdapter
+    from lkvcli.models import load_model
+
+    folder = save_tiny_model("llama", tmp_path / "model")
+    targets = write_tiny_targets(tmp_path / "t", load_model(str(folder), device="cpu").model, n=8, lengths=(18, 30),
+                                 with_text=True)
+    config = _config(targets, tmp_path / "run", mode=mode, steps=1, batch_size=1)
+    summary = train(config, loaded=load_model(str(folder), device="cpu"))
+    # independent reference: a fresh adapter (same seed) on a fresh model, the context being the words
+    # before the question (write_tiny_targets puts the question in the prompt's last third)
+    adapter = LookaheadAdapter.attach(load_model(str(folder), device="cpu").model, config.lookahead, seed=config.seed)
+    reader = TargetsReader(targets)
+    import json
+    val_ids = set(json.loads((tmp_path / "run" / "run.json").read_text())["val_ids"])
+    kls = []
+    with torch.no_grad():
+        for record in (reader[i] for i in range(len(reader)) if reader.ids()[i] in val_ids):
+            cut = 2 * record.prompt_len // 3
+            target = record.target[..., :cut] / record.target[..., :cut].sum(-1, keepdim=True)
+            kls.append(kl_per_example(target[None], adapter.predict(record.prompt_ids[None, :cut])))
+            if mode == "both":
+                kls.append(kl_per_example(record.target[None], adapter.predict(record.prompt_ids[None])))
+    assert len(kls) == (3 if mode == "context" else 6)
+    assert abs(float(torch.cat(kls).mean()) - summary["val_kl_start"]) < 1e-5

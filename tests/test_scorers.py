@@ -11,7 +11,7 @@ from lkvcli.evict import keep_indices
 from lkvcli.scorers import available, get_scorer, prepare
 from lkvcli.targets import TargetRecord
 
-ALL = ["draft", "h2o", "knorm", "lookahead", "oracle", "pyramidkv", "random", "snapkv", "streamingllm", "tova"]
+ALL = ["draft", "h2o", "knorm", "kvzip", "lookahead", "oracle", "pyramidkv", "random", "snapkv", "streamingllm", "tova"]
 L = 30  # longer than gemma3's sliding window (8)
 
 

@@ -36,6 +36,7 @@ import torch
 
 from . import __version__
 from .config import to_dict
+from .context_mode import TrainingRecords
 from .errors import LkvError
 from .lookahead import LookaheadAdapter, LookaheadConfig, left_pad
 from .models import DEFAULT_MODEL, LoadedModel, same_model
@@ -61,6 +62,7 @@ class TrainConfig:
     lookahead: LookaheadConfig = field(default_factory=LookaheadConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     exclude_tasks: list[str] = field(default_factory=list)  # records of these built-in tasks are left out (held out)
+    mode: Literal["whole", "context", "both"] = "whole"  # the lookahead tokens follow the prompt, the context, or either
     optimizer: Literal["adamw"] = "adamw"
     lr: float = 2e-3
     weight_decay: float = 0.0
@@ -389,9 +391,10 @@ def _check_targets(reader: TargetsReader, loaded: LoadedModel, config: TrainConf
         raise LkvError(f"data: {reader.folders[0]} holds no records yet")
 
 
-def evaluate(adapter: LookaheadAdapter, reader: TargetsReader, indices: list[int], batch_size: int,
+def evaluate(adapter: LookaheadAdapter, records, indices: list[int], batch_size: int,
              accelerator=None, prefills: PrefillCache | None = None) -> float | None:
-    """Mean per-example KL(target || lookahead) over ``indices`` (split across processes)."""
+    """Mean per-example KL(target || lookahead) over the ``indices`` of ``records`` (a targets reader or
+    :class:`lkvcli.context_mode.TrainingRecords`), split across processes."""
     if not indices:
         return None
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
@@ -399,7 +402,7 @@ def evaluate(adapter: LookaheadAdapter, reader: TargetsReader, indices: list[int
     total = torch.zeros(2, dtype=torch.float64, device=adapter.device)
     with torch.no_grad():
         for i in range(0, len(mine), batch_size):
-            kl = batch_kl(adapter, [reader[j] for j in mine[i:i + batch_size]], prefills)
+            kl = batch_kl(adapter, [records[j] for j in mine[i:i + batch_size]], prefills)
             total[0] += kl.sum().double()
             total[1] += kl.numel()
     if world > 1:
@@ -430,7 +433,9 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
         device = accelerator.device if config.device == "auto" or world > 1 else resolve_device(config.device)
         loaded = load_model(config.model, device=str(device), dtype=config.dtype)
     _check_targets(reader, loaded, config)
-    train_idx, val_idx = usable_split(reader, config)
+    train_records, val_records = usable_split(reader, config)
+    records = TrainingRecords(reader, config.mode, loaded.tokenizer)
+    train_idx, val_idx = records.items(train_records), records.items(val_records)
     per_step = config.batch_size * config.grad_accum * world
     total = config.steps or max(1, math.ceil(config.epochs * len(train_idx) / per_step))
 
@@ -451,7 +456,7 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
                         "model_source": reader.manifest["model"]["source"],
                         "settings": reader.manifest.get("settings", {})},
             "processes": world, "global_batch": per_step, "total_steps": total, "train_records": len(train_idx),
-            "val_ids": [reader.ids()[i] for i in val_idx], "excluded_tasks": sorted(config.exclude_tasks),
+            "val_ids": [reader.ids()[i] for i in val_records], "excluded_tasks": sorted(config.exclude_tasks), "mode": config.mode,
             "trainable_parameters": adapter.num_parameters(),
         })
         _trim_metrics(run / "metrics.jsonl", start)
@@ -477,7 +482,7 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
           "trainable_parameters": adapter.num_parameters(), "run": str(run)})
     t0 = time.perf_counter()
     prefills = PrefillCache(config.prefill_cache_mb)
-    val_kl = first_val = evaluate(adapter, reader, val_idx, config.batch_size, accelerator, prefills)
+    val_kl = first_val = evaluate(adapter, records, val_idx, config.batch_size, accelerator, prefills)
     if start == 0:
         log({"step": 0, "val_kl": val_kl})
     emit({"event": "eval", "step": start, "val_kl": val_kl})
@@ -487,10 +492,10 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
         """One optimiser step over this process's share of global batch ``step``; (loss, stop asked anywhere)."""
         torch.manual_seed(config.seed * 1_000_003 + step * 101 + rank)  # dropout: resumable, per process
         mine = data_order(train_idx, config.seed, step * per_step, per_step)[rank * shares:(rank + 1) * shares]
-        mine.sort(key=lambda i: reader.meta(i)["prompt_len"])  # similar lengths share a micro-batch
+        mine.sort(key=lambda i: records.meta(i)["prompt_len"])  # similar lengths share a micro-batch
         loss_sum = torch.zeros((), device=adapter.device)
         for a in range(config.grad_accum):
-            part = batch_loss(adapter, [reader[i] for i in mine[a * config.batch_size:(a + 1) * config.batch_size]],
+            part = batch_loss(adapter, [records[i] for i in mine[a * config.batch_size:(a + 1) * config.batch_size]],
                               prefills, config.objective)
             part = part.sum() / per_step
             part.backward()
@@ -523,7 +528,7 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
                 rate = (step - start) / train_s
                 if config.eval_every and step % config.eval_every == 0 and step < total:
                     adapter.train(False)
-                    val_kl = evaluate(adapter, reader, val_idx, config.batch_size, accelerator, prefills)
+                    val_kl = evaluate(adapter, records, val_idx, config.batch_size, accelerator, prefills)
                     adapter.train(True)
                     log({"step": step, "val_kl": val_kl})
                     emit({"event": "eval", "step": step, "val_kl": val_kl})
@@ -545,7 +550,7 @@ def train(config: TrainConfig, on_event: Callable[[dict], None] | None = None,
     finally:
         adapter.train(False)
     checkpoint(step)
-    val_kl = evaluate(adapter, reader, val_idx, config.batch_size, accelerator, prefills)
+    val_kl = evaluate(adapter, records, val_idx, config.batch_size, accelerator, prefills)
     log({"step": step, "val_kl": val_kl})
     if main:
         final = run / "adapter"

@@ -65,7 +65,7 @@ def get_scorer(name: str, **options) -> Scorer:
 
 
 def _load_all() -> None:
-    from . import (draft, h2o, knorm, lookahead, oracle, pyramidkv, random_scorer, snapkv,  # noqa: F401
+    from . import (draft, h2o, knorm, kvzip, lookahead, oracle, pyramidkv, random_scorer, snapkv,  # noqa: F401
                    streamingllm, tova)
 
 

@@ -1,0 +1,172 @@
+"""Run an ablation of lookahead training settings and print one table: held-out and in-domain answers
+per budget, critical / mass recall and KL, with the `lkv` command behind every row.
+
+    python benchmarks/ablation.py benchmarks/ablations/small-budget.yaml --out runs/ablation
+
+The YAML names the targets to collect (``collect``: name -> built-in spec), the evaluation sets
+(``eval_sets``: name -> targets name and split), the shared training overrides (``train``), and
+the settings (``settings``: a name, training overrides, or ``from: NAME`` to reuse another
+setting's adapter with only ``eval`` overrides such as ``scorers.lookahead.recent_window=16``).
+Every step is an ``lkv`` command run in a child process: collect, train and eval resume where they
+stopped, so re-running the same command continues and then re-prints the table.
+Writes OUT/ablation.json and OUT/ablation.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+TABLE_BUDGETS_DEFAULT = ("32", "64", "128", "256")
+
+
+def _overrides(mapping: dict | None) -> list[str]:
+    out = []
+    for key, value in (mapping or {}).items():
+        text = json.dumps(value) if isinstance(value, (list, dict)) else str(value)
+        out.append(f"{key}={text}")
+    return out
+
+
+def _run(cmd: list[str], log: Path, dry: bool) -> None:
+    line = shlex.join(cmd)
+    print(f"$ {line}", flush=True)
+    with log.open("a") as fh:
+        fh.write(f"$ {line}\n")
+    if dry:
+        return
+    with log.open("a") as fh:
+        proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        raise SystemExit(f"error: command failed (exit {proc.returncode}), see {log}: {line}")
+
+
+def lkv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "lkvcli", *args]
+
+
+def plan(spec: dict, out: Path) -> list[dict]:
+    """Every step as {"kind", "name", "cmd", "result"} in the order to run."""
+    model = spec.get("model", "smollm2-135m-instruct")
+    steps = []
+    folders = {name: out / "targets" / name for name in spec["collect"]}
+    for name, data in spec["collect"].items():
+        source = data["data"] if isinstance(data, dict) else data
+        tokens = str(data.get("max_new_tokens", 48)) if isinstance(data, dict) else "48"
+        steps.append({"kind": "collect", "name": name, "result": folders[name],
+                      "cmd": lkv("collect", "--model", model, "--data", source, "--out", str(folders[name]),
+                                 "--max-new-tokens", tokens)})
+    train_data = [str(folders[n]) for n in spec["train_targets"]]
+    budgets = [str(b) for b in spec.get("budgets", TABLE_BUDGETS_DEFAULT)]
+    runs = {}
+    for setting in spec["settings"]:
+        name = setting["name"]
+        if "from" in setting:
+            runs[name] = runs[setting["from"]]
+            continue
+        run = runs[name] = out / "runs" / name
+        cmd = lkv("train", "--model", model, *sum((["--data", d] for d in train_data), []), "--out", str(run),
+                  *_overrides(spec.get("train")), *_overrides(setting.get("train")))
+        steps.append({"kind": "train", "name": name, "result": run, "cmd": cmd})
+    first_run = next(iter(runs.values()))
+    for set_name, eval_set in spec["eval_sets"].items():
+        targets = ",".join(str(folders[n]) for n in eval_set["targets"])
+        common = ["--targets", targets, "--budgets", ",".join(budgets), "--parts", "prediction,answers",
+                  "--split", eval_set.get("split", "all"), *(["--limit", str(eval_set["limit"])] if "limit" in eval_set else []),
+                  *_overrides(spec.get("eval"))]
+        result = out / "results" / "baselines" / set_name
+        steps.append({"kind": "eval", "name": "baselines", "set": set_name, "result": result,
+                      "cmd": lkv("eval", *common, "--adapter", str(first_run), "--methods",
+                                 ",".join(spec.get("baselines", ["snapkv", "oracle"])), "--out", str(result))})
+        for setting in spec["settings"]:
+            result = out / "results" / setting["name"] / set_name
+            steps.append({"kind": "eval", "name": setting["name"], "set": set_name, "result": result,
+                          "cmd": lkv("eval", *common, "--adapter", str(runs[setting["name"]]), "--methods", "lookahead",
+                                     "--out", str(result), *_overrides(setting.get("eval")))})
+    return steps
+
+
+def _row(results: Path, method: str, budgets: list[str], key_budget: str) -> dict:
+    data = json.loads((results / "results.json").read_text())
+    pred = data.get("prediction", {}).get(method, {})
+    answers = data.get("answers", {})
+    row = {"full": answers.get("full", {}).get("score"), "kl": pred.get("kl")}
+    for b in budgets:
+        row[f"score@{b}"] = answers.get("methods", {}).get(method, {}).get(b, {}).get("score")
+    at = pred.get("budgets", {}).get(key_budget, {})
+    row.update({"critical_recall": at.get("critical_recall"), "critical_heads": at.get("critical_heads"),
+                "recall": at.get("recall"), "records": pred.get("records")})
+    return row
+
+
+def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
+    budgets = [str(b) for b in spec.get("budgets", TABLE_BUDGETS_DEFAULT)]
+    rows, lines = {}, []
+    cmds = {(s["name"], s.get("set")): s["cmd"] for s in steps}
+    for set_name in spec["eval_sets"]:
+        head = ["setting", *[f"ans@{b}" for b in budgets], f"crit@{key_budget}", f"heads@{key_budget}",
+                f"recall@{key_budget}", "KL"]
+        lines += [f"### {set_name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        entries = [(m, "baselines", m) for m in spec.get("baselines", ["snapkv", "oracle"])]
+        entries += [(s["name"], s["name"], "lookahead") for s in spec["settings"]]
+        full = None
+        for label, source, method in entries:
+            results = Path(next(s["result"] for s in steps if s["name"] == source and s.get("set") == set_name))
+            if not (results / "results.json").exists():
+                continue
+            row = _row(results, method, budgets, key_budget)
+            full = row["full"] if full is None else full
+            rows.setdefault(set_name, {})[label] = row
+            cells = [label, *[_fmt(row[f"score@{b}"]) for b in budgets], _fmt(row["critical_recall"]),
+                     _fmt(row["critical_heads"]), _fmt(row["recall"]), _fmt(row["kl"])]
+            lines.append("| " + " | ".join(cells) + " |")
+        lines += ["", f"full cache: {_fmt(full)}; records: "
+                  f"{next(iter(rows.get(set_name, {}).values()), {}).get('records')}", ""]
+    lines += ["### Commands", "", "```"]
+    lines += [shlex.join([Path(c[0]).name if i == 0 else c[i] for i in range(len(c))])
+              for c in dict.fromkeys(tuple(s["cmd"]) for s in steps)]
+    lines += ["```"]
+    return rows, "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("spec", help="ablation YAML (see benchmarks/ablations/)")
+    parser.add_argument("--out", default="runs/ablation")
+    parser.add_argument("--only", default=None, help="comma-separated step names to run (default: all)")
+    parser.add_argument("--table-budget", default="64", help="budget of the recall columns")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    args = parser.parse_args(argv)
+    spec = yaml.safe_load(Path(args.spec).read_text())
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    steps = plan(spec, out)
+    only = set(args.only.split(",")) if args.only else None
+    log = out / "ablation.log"
+    for step in steps:
+        if only and step["name"] not in only:
+            continue
+        cmd = list(step["cmd"])
+        if step["kind"] == "train" and (Path(step["result"]) / "adapter").exists():
+            continue  # finished
+        if step["kind"] == "train" and (Path(step["result"]) / "checkpoints" / "latest").exists():
+            cmd.append("--resume")
+        _run(cmd, log, args.dry_run)
+    rows, text = table(spec, steps, args.table_budget)
+    (out / "ablation.json").write_text(json.dumps(rows, indent=1))
+    (out / "ablation.md").write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
