@@ -142,3 +142,18 @@ def test_launcher_environment_sets_the_shard():
     explicit = CollectConfig(num_shards=2, shard_index=1)
     explicit.apply_launcher_env({"WORLD_SIZE": "4", "RANK": "2"})
     assert (explicit.num_shards, explicit.shard_index) == (2, 1)
+
+
+def test_collect_a_mixture_from_a_recipe_and_a_bad_one(tiny_dir, tmp_path):
+    a = write_jsonl(tmp_path / "a.jsonl", ROWS)
+    b = write_jsonl(tmp_path / "b.jsonl", [{"id": f"b{i}", "prompt": f"Count to {i}."} for i in range(4)])
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"collect:\n  data:\n    - {{data: {a}, count: 2}}\n    - {{data: {b}}}\n  max_new_tokens: 3\n")
+    out = tmp_path / "t"
+    r = lkv("collect", recipe, "--model", tiny_dir, "--out", out)
+    assert r.exit_code == 0, r.output
+    reader = TargetsReader(out)
+    assert sorted(reader.ids()) == ["a", "b", "b0", "b1", "b2", "b3"]
+    assert {reader.meta(i)["id"]: reader.meta(i)["extra"].get("mixture_source") for i in range(len(reader))}["b2"] == str(b)
+    recipe.write_text(f"collect:\n  data:\n    - {{data: {a}, count: 9}}\n")
+    one_line_error(lkv("collect", recipe, "--model", tiny_dir, "--out", tmp_path / "t2"), "fewer than its count 9")

@@ -347,3 +347,43 @@ def test_file_errors(tmp_path):
     (tmp_path / "folder").mkdir()
     with pytest.raises(PromptSourceError, match="not a saved dataset"):
         load_prompts(str(tmp_path / "folder"))
+
+
+def test_a_mixture_takes_each_sources_count_and_shuffles_them_into_one_stream(tmp_path):
+    rows = [{"id": f"f{i}", "prompt": f"question {i}"} for i in range(5)]
+    path = tmp_path / "p.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    spec = [{"data": f"builtin:n=4,{SMALL},tasks=needle+kv_lookup,seed=1", "count": 3},
+            {"data": str(path), "count": 2}, f"builtin:n=2,{SMALL},seed=2"]
+    records = load_prompts(spec, tokenizer=WhitespaceTokenizer())
+    alone = load_prompts(f"builtin:n=4,{SMALL},tasks=needle+kv_lookup,seed=1", tokenizer=WhitespaceTokenizer())
+    assert len(records) == 7
+    by_source = Counter(r.meta["mixture_source"] for r in records)
+    assert by_source == {spec[0]["data"]: 3, str(path): 2, spec[2]: 2}
+    assert {r.id for r in records if r.meta["mixture_source"] == str(path)} == {"f0", "f1"}  # the first N
+    assert {r.id for r in records if r.meta["mixture_source"] == spec[0]["data"]} == {r.id for r in alone[:3]}
+    again = load_prompts(spec, tokenizer=WhitespaceTokenizer())
+    assert [r.id for r in again] == [r.id for r in records]  # seeded
+    assert [r.id for r in load_prompts(spec, tokenizer=WhitespaceTokenizer(), seed=5)] != [r.id for r in records]
+    assert [r.id for r in load_prompts(spec, tokenizer=WhitespaceTokenizer(), limit=4)] == [r.id for r in records[:4]]
+
+
+@pytest.mark.parametrize("spec,message", [
+    ([], "empty mixture"),
+    ([{"data": "builtin:n=2", "count": 0}], "count"),
+    ([{"data": "builtin:n=2", "weight": 2}], "is not a source"),
+    ([{"data": f"builtin:n=2,{SMALL}", "count": 3}], "fewer than its count 3"),
+    ([f"builtin:n=2,{SMALL}", f"builtin:n=3,{SMALL}"], "comes from two sources"),
+])
+def test_bad_mixtures_fail_with_one_line(spec, message):
+    with pytest.raises(PromptSourceError, match=message):
+        load_prompts(spec, tokenizer=WhitespaceTokenizer())
+
+
+def test_collect_config_takes_a_mixture_from_a_recipe():
+    from lkvcli.collect import CollectConfig
+    from lkvcli.config import from_dict
+
+    config = from_dict(CollectConfig, {"data": [{"data": "builtin:n=2", "count": 1}, {"data": "x.jsonl"}]})
+    assert config.data == [{"data": "builtin:n=2", "count": 1}, {"data": "x.jsonl"}]
+    assert from_dict(CollectConfig, {"data": "builtin:n=2"}).data == "builtin:n=2"

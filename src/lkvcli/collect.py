@@ -32,7 +32,7 @@ class CollectConfig:
     """Settings of ``lkv collect`` (recipe section ``collect``)."""
 
     model: str = DEFAULT_MODEL
-    data: str = "builtin:"
+    data: str | list[dict] = "builtin:"  # a spec, or a mixture: [{data: SPEC, count: N}, ...]
     out: str = "targets"
     max_new_tokens: int = 512
     reduction: Literal["mean", "max"] = "mean"
@@ -163,7 +163,7 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
     ``on_event(kind, **info)`` receives ``start`` (total), ``record`` (summary so far) and
     ``skip`` (reason) events for progress displays.
     """
-    from .prompts import PromptSourceError, load_prompts
+    from .prompts import PromptSourceError, load_prompts, needs_tokenizer
 
     emit = on_event or (lambda kind, **info: None)
     config.apply_launcher_env(dict(os.environ))
@@ -176,7 +176,10 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
         except PromptSourceError as exc:
             raise LkvError(str(exc)) from exc
 
-    builtin = config.data.strip().startswith("builtin")
+    try:
+        builtin = needs_tokenizer(config.data)
+    except PromptSourceError as exc:
+        raise LkvError(str(exc)) from exc
     prompts = None if builtin else read_prompts()  # bad data fails before the model loads
     loaded = loaded or load_model(config.model, device=config.device, dtype=config.dtype,
                                   trust_remote_code=config.trust_remote_code)

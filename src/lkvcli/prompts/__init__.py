@@ -9,7 +9,8 @@
 * a folder written by ``Dataset.save_to_disk`` (``PATH@SPLIT`` for a saved DatasetDict), or
   ``hf:NAME[:CONFIG][@SPLIT]`` (``datasets.load_dataset``). Without ``@SPLIT`` the split is
   ``test``, else ``train``, else the only split;
-* ``builtin:[KEY=VAL,...]``: see :mod:`lkvcli.prompts.builtin`.
+* ``builtin:[KEY=VAL,...]``: see :mod:`lkvcli.prompts.builtin`;
+* a list of the above, each with a count: a mixture (:mod:`lkvcli.prompts.mixture`).
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from pathlib import Path
 
 from .builtin import generate, parse_options
 from .files import is_saved_dataset, load_file, load_hub_dataset, load_saved_dataset
+from .mixture import load_mixture, needs_tokenizer
 from .records import METRICS, PromptRecord, PromptSourceError
 from .tasks import TASKS
 
-__all__ = ["METRICS", "TASKS", "PromptRecord", "PromptSourceError", "load_prompts"]
+__all__ = ["METRICS", "TASKS", "PromptRecord", "PromptSourceError", "load_prompts", "needs_tokenizer"]
 
 
 def _split_at(spec: str) -> tuple[str, str | None]:
@@ -29,7 +31,7 @@ def _split_at(spec: str) -> tuple[str, str | None]:
     return (head, split) if sep and head and split else (spec, None)
 
 
-def load_prompts(spec: str, *, tokenizer=None, seed: int = 0, limit: int | None = None,
+def load_prompts(spec: str | list, *, tokenizer=None, seed: int = 0, limit: int | None = None,
                  trust_remote_code: bool = False) -> list[PromptRecord]:
     """Resolve a --data spec to prompt records (the first ``limit`` of them when given).
 
@@ -39,6 +41,13 @@ def load_prompts(spec: str, *, tokenizer=None, seed: int = 0, limit: int | None 
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise PromptSourceError(f"limit={limit!r} is not valid; pass a positive integer or None")
+    if isinstance(spec, (list, tuple)):
+        def one(source: str, limit: int | None) -> list[PromptRecord]:
+            return load_prompts(source, tokenizer=tokenizer, seed=seed, limit=limit,
+                                trust_remote_code=trust_remote_code)
+
+        records = load_mixture(list(spec), one, seed)
+        return records if limit is None else records[:limit]
     spec = str(spec).strip()
     if not spec:
         raise PromptSourceError("empty data spec; pass a .jsonl/.json/.parquet file, a Dataset.save_to_disk "
