@@ -25,9 +25,10 @@ def tokenizer():
 
 
 def test_builtin_spans_decode_to_the_inserted_facts(tokenizer):
-    records = load_prompts("builtin:n=16,min_tokens=300,max_tokens=600,tasks=all", seed=5, tokenizer=tokenizer)
+    records = load_prompts("builtin:n=33,min_tokens=300,max_tokens=600,tasks=all,texts=all", seed=5,
+                           tokenizer=tokenizer)
     assert {r.task for r in records} == {"needle", "multi_needle", "kv_lookup", "var_tracking", "freq_words",
-                                         "summarise", "explain", "list"}
+                                         "summarise", "explain", "list", "multi_kv", "counting", "passage_qa"}
     for r in records:
         ids, text = chat_ids(tokenizer, r.messages)
         spans = critical_spans(tokenizer, text, r)
@@ -39,10 +40,12 @@ def test_builtin_spans_decode_to_the_inserted_facts(tokenizer):
             assert 0 <= start < end <= len(ids)
             assert tokenizer.decode(ids[start:end]).strip() == s["text"], (r.id, s)
         texts = [s["text"] for s in spans]
-        if r.task in ("needle", "kv_lookup"):
+        if r.task in ("needle", "kv_lookup", "passage_qa"):
             assert texts == [r.answer]
-        elif r.task == "multi_needle":
+        elif r.task in ("multi_needle", "multi_kv"):
             assert texts == r.answer
+        elif r.task == "counting":  # every report of the asked team
+            assert len(texts) == len(r.meta["counts"]) and all(r.meta["key"] in t for t in texts)
         elif r.task == "var_tracking":  # the main chain's assignments, in order
             assert [t.split()[1] for t in texts] == r.answer and texts[0].endswith(r.meta["value"])
         else:  # freq_words: every occurrence of a top word in the list

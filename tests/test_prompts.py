@@ -17,6 +17,7 @@ import pytest
 
 from lkvcli.prompts import TASKS, PromptRecord, PromptSourceError, load_prompts
 from lkvcli.prompts.corpus import insert_paragraphs, load_plays
+from lkvcli.prompts.tasks import DEFAULT_TASKS
 
 SRC = Path(__file__).resolve().parents[1] / "src"
 SMALL = "min_tokens=300,max_tokens=600"
@@ -70,7 +71,7 @@ def test_builtin_independent_of_hash_randomisation():
 
 def test_builtin_defaults_balanced_mix_and_prefix_stable():
     records = load_prompts(f"builtin:n=16,{SMALL}")
-    assert Counter(r.task for r in records) == {task: 2 for task in TASKS}
+    assert Counter(r.task for r in records) == {task: 2 for task in DEFAULT_TASKS}
     assert len({r.id for r in records}) == 16
     assert records[0].id == f"{records[0].task}-0-0"
     assert as_dicts(load_prompts(f"builtin:n=16,{SMALL}", limit=5)) == as_dicts(records[:5])
@@ -78,8 +79,8 @@ def test_builtin_defaults_balanced_mix_and_prefix_stable():
 
 
 def test_builtin_task_groups():
-    assert {r.task for r in load_prompts(f"builtin:n=10,{SMALL},tasks=closed")} == {
-        "needle", "multi_needle", "kv_lookup", "var_tracking", "freq_words"}
+    assert {r.task for r in load_prompts(f"builtin:n=16,{SMALL},tasks=closed")} == {
+        "needle", "multi_needle", "kv_lookup", "var_tracking", "freq_words", "multi_kv", "counting", "passage_qa"}
     assert {r.task for r in load_prompts(f"builtin:n=6,{SMALL},tasks=open")} == {"summarise", "explain", "list"}
 
 
@@ -387,3 +388,83 @@ def test_collect_config_takes_a_mixture_from_a_recipe():
     config = from_dict(CollectConfig, {"data": [{"data": "builtin:n=2", "count": 1}, {"data": "x.jsonl"}]})
     assert config.data == [{"data": "builtin:n=2", "count": 1}, {"data": "x.jsonl"}]
     assert from_dict(CollectConfig, {"data": "builtin:n=2"}).data == "builtin:n=2"
+
+
+# ---------------------------------------------------------------- text domains and the newer task families
+
+def domain_prompts(task, texts, n=4):
+    return load_prompts(f"builtin:n={n},{SMALL},tasks={task},texts={texts},seed=5", tokenizer=WhitespaceTokenizer())
+
+
+def check_critical(r: PromptRecord):
+    for span in r.meta["critical_chars"]:
+        assert r.context[span["chars"][0]:span["chars"][1]] == span["text"]
+
+
+@pytest.mark.parametrize("texts", ["code", "docs"])
+def test_code_and_docs_haystacks_are_slices_of_installed_texts(texts):
+    from lkvcli.prompts.corpus import load_documents
+
+    documents = {d.file: d for d in load_documents(texts)}
+    for r in domain_prompts("summarise+explain+list", texts, n=6):
+        check_layout(r)
+        hay = r.meta["haystack"]
+        assert r.meta["domain"] == hay["domain"] == texts and f"-{texts}-" in r.id
+        doc = documents[hay["file"]]
+        assert r.context.split("\n")[0] == doc.lines[hay["start_line"] - 1]
+        assert r.context in "\n".join(doc.lines)
+        if texts == "code":
+            assert doc.lines[hay["start_line"] - 1].startswith(("def ", "class "))
+            if r.task == "list":
+                assert r.meta["definitions"] and all(f"\n{kind} {name}" in "\n" + r.context for name in
+                                                     r.meta["definitions"] for kind in ("def", "class")
+                                                     if f"\n{kind} {name}" in "\n" + r.context)
+
+
+@pytest.mark.parametrize("texts", ["plays", "code", "docs"])
+def test_passage_qa_asks_about_a_fact_of_the_passage_and_marks_it(texts):
+    for r in domain_prompts("passage_qa", texts, n=5):
+        check_layout(r)
+        check_critical(r)
+        (span,) = r.meta["critical_chars"]
+        assert r.answer and span["text"] == r.answer and r.metric == "contains_all"
+        quoted = re.search(r'[`"](.+)[`"]\?', r.question).group(1)
+        if texts == "docs":
+            line = next(x for x in r.context.split("\n") if x.strip() == quoted.replace("____", r.answer))
+            assert r.context.count(line) == 1
+        else:
+            assert r.context.count(quoted) == 1  # the quoted line identifies one place
+
+
+def test_multi_kv_asks_keys_that_have_near_duplicate_distractors():
+    for r in builtin("multi_kv", n=4):
+        check_layout(r)
+        check_critical(r)
+        pairs = dict(re.findall(r'^ "([0-9a-f]{8}-[0-9a-f]{4})": "([0-9a-f]{8}-[0-9a-f]{4})"', r.context, re.M))
+        assert len(pairs) == r.meta["n_pairs"] and 2 <= len(r.meta["keys"]) <= 3
+        assert r.answer == [pairs[k] for k in r.meta["keys"]]
+        for key, near in zip(r.meta["keys"], r.meta["distractors"]):
+            assert near in pairs and near != key and near[:-4] == key[:-4] and f'"{key}"' in r.question
+
+
+def test_counting_answer_is_the_sum_of_the_teams_reports():
+    for r in builtin("counting", n=4):
+        check_layout(r)
+        check_critical(r)
+        key = r.meta["key"]
+        found = [int(n) for n in re.findall(rf"^Report: the {key} team found (\d+) \w+\.$", r.context, re.M)]
+        assert sorted(found) == sorted(r.meta["counts"]) and r.answer == str(sum(found))
+        assert len(r.meta["critical_chars"]) == len(found)
+        assert r.meta["distractors"] and all(k != key for k, _ in r.meta["distractors"])
+
+
+def test_default_tasks_are_the_original_eight_and_texts_are_checked():
+    default = load_prompts(f"builtin:n=16,{SMALL}")
+    assert {r.task for r in default} == {"needle", "multi_needle", "kv_lookup", "var_tracking", "freq_words",
+                                         "summarise", "explain", "list"}
+    assert all("domain" not in r.meta for r in default)
+    every = load_prompts(f"builtin:n=33,{SMALL},tasks=all,texts=all")
+    assert {r.task for r in every} == set(TASKS) and {r.meta["domain"] for r in every if "domain" in r.meta} == \
+        {"code", "docs"}
+    with pytest.raises(PromptSourceError, match="unknown text domain 'poems'"):
+        load_prompts("builtin:texts=plays+poems")

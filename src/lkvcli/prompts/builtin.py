@@ -2,8 +2,10 @@
 
 Spec: ``builtin:`` or ``builtin:KEY=VAL,KEY=VAL`` with keys
 ``n`` (prompts, default 8), ``min_tokens`` / ``max_tokens`` (length of the user message,
-default 1000 / 2000), ``tasks`` (``+``-separated task names, or ``all`` / ``closed`` / ``open``;
-default all) and ``seed`` (overrides the ``seed`` argument).
+default 1000 / 2000), ``tasks`` (``+``-separated task names, or ``all`` / ``default`` / ``closed`` /
+``open``; default ``default``, the eight original tasks), ``texts`` (``+``-separated text domains
+of :mod:`lkvcli.prompts.corpus`, ``plays`` / ``code`` / ``docs``, or ``all``; default ``plays``) and
+``seed`` (overrides the ``seed`` argument). With several domains, each task meets them in turn.
 
 Lengths are of the user message text (chat-template tokens not included), counted with
 ``len(tokenizer(text, add_special_tokens=False).input_ids)`` when a tokenizer is given; without
@@ -12,8 +14,10 @@ Each prompt's target is drawn uniformly in [min_tokens, max_tokens] and the text
 (line by line) to the largest size that stays within the target.
 
 Tasks are assigned round-robin over a seeded shuffle of the task list, so the mix is balanced;
-each record depends only on (seed, index, task, min_tokens, max_tokens, tokenizer), so the same
-options give byte-identical prompts, and ``limit`` / a smaller ``n`` give a prefix.
+each record depends only on (seed, index, task, min_tokens, max_tokens, domain, tokenizer), so the
+same options give byte-identical prompts, and ``limit`` / a smaller ``n`` give a prefix. Records
+over ``plays`` keep the ids and seeds they had before domains existed; others carry the domain in
+their id (``needle-code-0-3``).
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .corpus import DOMAINS
 from .records import PromptRecord, PromptSourceError, join_context_question
-from .tasks import CLOSED_TASKS, OPEN_TASKS, TASKS, Draft, TaskContext
+from .tasks import CLOSED_TASKS, DEFAULT_TASKS, OPEN_TASKS, TASKS, Draft, TaskContext
 
 MIN_TOKENS_FLOOR = 200
 TOLERANCE = 0.05
-_KEYS = ("n", "min_tokens", "max_tokens", "tasks", "seed")
-_GROUPS = {"all": tuple(TASKS), "closed": CLOSED_TASKS, "open": OPEN_TASKS}
+_KEYS = ("n", "min_tokens", "max_tokens", "tasks", "texts", "seed")
+_GROUPS = {"all": tuple(TASKS), "default": DEFAULT_TASKS, "closed": CLOSED_TASKS, "open": OPEN_TASKS}
 
 
 @dataclass(frozen=True)
@@ -37,7 +42,8 @@ class BuiltinOptions:
     n: int = 8
     min_tokens: int = 1000
     max_tokens: int = 2000
-    tasks: tuple[str, ...] = tuple(TASKS)
+    tasks: tuple[str, ...] = DEFAULT_TASKS
+    texts: tuple[str, ...] = ("plays",)
     seed: int | None = None
 
 
@@ -66,6 +72,17 @@ def _tasks(value: str) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _texts(value: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(v.strip() for v in value.split("+")))
+    if "all" in names:
+        return DOMAINS
+    bad = [n for n in names if n not in DOMAINS]
+    if bad:
+        raise PromptSourceError(f"builtin: unknown text domain {bad[0]!r} in texts={value!r}; accepted: "
+                                f"{', '.join(DOMAINS)}, all (join several with '+')")
+    return names
+
+
 def parse_options(text: str) -> BuiltinOptions:
     """Parse the part after ``builtin:`` (may be empty)."""
     values: dict[str, Any] = {}
@@ -80,6 +97,8 @@ def parse_options(text: str) -> BuiltinOptions:
             raise PromptSourceError(f"builtin: option {key!r} given twice; keep one")
         if key == "tasks":
             values[key] = _tasks(value)
+        elif key == "texts":
+            values[key] = _texts(value)
         elif key == "seed":
             values[key] = _int(key, value, -(2**63))
         elif key == "n":
@@ -151,9 +170,11 @@ def generate(opts: BuiltinOptions, *, tokenizer=None, seed: int = 0, limit: int 
     records = []
     for index in range(n):
         task = order[index % len(order)]
-        rng = derived_rng("lkv-builtin", seed, index, task, opts.min_tokens, opts.max_tokens)
+        domain = opts.texts[index // len(order) % len(opts.texts)]  # every task meets every domain in turn
+        plays = domain == "plays"  # the original prompts keep their seeds and ids
+        rng = derived_rng("lkv-builtin", seed, index, task, opts.min_tokens, opts.max_tokens, *([] if plays else [domain]))
         target = rng.randint(opts.min_tokens, opts.max_tokens)
-        draft = TASKS[task](TaskContext(rng=rng, target=target, count=count))
+        draft = TASKS[task](TaskContext(rng=rng, target=target, count=count, domain=domain))
         size, context, question, tokens = fit(draft, count, target, opts.min_tokens, opts.max_tokens)
         if not (opts.min_tokens * (1 - TOLERANCE) <= tokens <= opts.max_tokens * (1 + TOLERANCE)):
             raise PromptSourceError(f"builtin: task {task!r} (index {index}) came out at {tokens} tokens, outside "
@@ -163,11 +184,14 @@ def generate(opts: BuiltinOptions, *, tokenizer=None, seed: int = 0, limit: int 
             "prompt_tokens": tokens, "token_count": "tokenizer" if tokenizer is not None else "estimate_words/0.75",
             "size": size, **draft.meta,
         }
+        answer = draft.answer
         if draft.describe is not None:
             meta.update(draft.describe(context))
+            answer = meta.pop("answer", answer)  # tasks whose answer depends on the final passage
         records.append(PromptRecord(
-            id=f"{task}-{seed}-{index}",
+            id=f"{task}-{seed}-{index}" if plays else f"{task}-{domain}-{seed}-{index}",
             messages=[{"role": "user", "content": join_context_question(context, question)}],
-            task=task, answer=draft.answer, context=context, question=question, metric=draft.metric, meta=meta,
+            task=task, answer=answer, context=context, question=question, metric=draft.metric,
+            meta=meta if plays else {**meta, "domain": domain},
         ))
     return records

@@ -1,19 +1,30 @@
-"""The vendored public-domain texts (Shakespeare plays) and helpers to slice them.
+"""The real texts that built-in prompts are made of, by domain, and helpers to slice them.
 
-Texts live in ``prompts/texts/*.txt`` (see ``texts/SOURCES.json``) and are read with
-importlib.resources. Everything here is deterministic: files, starts and vocabulary are sorted.
+- ``plays``: vendored public-domain Shakespeare, ``prompts/texts/*.txt`` (``texts/SOURCES.json``);
+  a haystack starts at a speech.
+- ``code``: the Python standard library's own modules (this interpreter's ``.py`` files); a
+  haystack starts at a top-level ``def`` / ``class``.
+- ``docs``: technical prose that installed packages ship: the long descriptions (README) in the
+  ``METADATA`` of lkv's own dependencies; a haystack starts at a paragraph.
+
+``code`` and ``docs`` are read from the installation, so their prompts depend on the Python and
+package versions (recorded in each prompt's ``haystack`` metadata). Everything here is
+deterministic for one installation: files, starts and vocabulary are sorted.
 """
 
 from __future__ import annotations
 
 import bisect
 import json
+import platform
 import random
 import re
+import sysconfig
 from collections import Counter
 from dataclasses import dataclass
 from functools import lru_cache
-from importlib import resources
+from importlib import metadata, resources
+from pathlib import Path
 from typing import Sequence
 
 _LABEL = re.compile(r"^[A-Z][A-Za-z' -]{0,28}[A-Za-z]\.?$")
@@ -21,13 +32,28 @@ _HEADING = re.compile(r"^(act|scene)\b", re.IGNORECASE)
 _VOCAB_WORD = re.compile(r"(?<![A-Za-z'])[a-z]{4,10}(?![A-Za-z'])")
 
 
+DOMAINS = ("plays", "code", "docs")
+# lkv's dependencies and theirs (installed wherever lkv is; those missing are skipped): READMEs in their METADATA
+DOC_PACKAGES = ("accelerate", "click", "datasets", "filelock", "fsspec", "gguf", "huggingface_hub", "jinja2",
+                "markdown-it-py", "matplotlib", "networkx", "numpy", "packaging", "peft", "psutil", "pygments",
+                "pytest", "pyyaml", "regex", "rich", "safetensors", "sympy", "tokenizers", "torch", "tqdm",
+                "transformers", "typer")
+
+
 @dataclass(frozen=True)
-class Play:
+class Document:
     file: str
     title: str
     lines: tuple[str, ...]
-    speech_starts: tuple[int, ...]   # speaker-label lines after the first ACT/SCENE heading
+    starts: tuple[int, ...]          # where a haystack may start (plays: speaker labels after the first heading)
     cum_words: tuple[int, ...]       # cum_words[i] = words in lines[:i]
+
+
+def _document(file: str, title: str, lines: Sequence[str], starts: Sequence[int]) -> Document:
+    cum = [0]
+    for line in lines:
+        cum.append(cum[-1] + len(line.split()))
+    return Document(file, title, tuple(lines), tuple(starts), tuple(cum))
 
 
 def is_speaker_label(lines: Sequence[str], i: int) -> bool:
@@ -70,19 +96,59 @@ def _texts_dir():
 
 
 @lru_cache(maxsize=1)
-def load_plays() -> tuple[Play, ...]:
+def load_plays() -> tuple[Document, ...]:
     root = _texts_dir()
     titles = {f["file"]: f["title"] for f in json.loads(root.joinpath("SOURCES.json").read_text("utf-8"))["files"]}
     plays = []
     for entry in sorted((e for e in root.iterdir() if e.name.endswith(".txt")), key=lambda e: e.name):
-        lines = tuple(entry.read_text("utf-8").split("\n"))
+        lines = entry.read_text("utf-8").split("\n")
         first = next((i for i, line in enumerate(lines) if _HEADING.match(line)), 0)
-        starts = tuple(i for i in range(first, len(lines)) if is_speaker_label(lines, i))
-        cum = [0]
-        for line in lines:
-            cum.append(cum[-1] + len(line.split()))
-        plays.append(Play(entry.name, titles.get(entry.name, entry.name), lines, starts, tuple(cum)))
+        starts = [i for i in range(first, len(lines)) if is_speaker_label(lines, i)]
+        plays.append(_document(entry.name, titles.get(entry.name, entry.name), lines, starts))
     return tuple(plays)
+
+
+@lru_cache(maxsize=1)
+def load_code() -> tuple[Document, ...]:
+    """Top-level modules of the standard library, 20-300 KB each (tests and private modules left out)."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    version = platform.python_version()
+    docs = []
+    for path in sorted(root.glob("*.py")):
+        if path.name.startswith(("_", "test")) or not 20_000 <= path.stat().st_size <= 300_000:
+            continue
+        lines = path.read_text("utf-8", errors="replace").replace("\t", "    ").split("\n")
+        starts = [i for i, line in enumerate(lines) if line.startswith(("def ", "class ")) and (i == 0 or not lines[i - 1])]
+        if starts:
+            docs.append(_document(f"python-{version}/{path.name}", f"Python {version} {path.stem}", lines, starts))
+    return tuple(docs)
+
+
+@lru_cache(maxsize=1)
+def load_docs() -> tuple[Document, ...]:
+    """The README (long description) of each of :data:`DOC_PACKAGES` that is installed, at least 1,000 words."""
+    docs = []
+    for name in DOC_PACKAGES:
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue
+        text = dist.read_text("METADATA") or ""
+        body = text.split("\n\n", 1)[1] if "\n\n" in text else ""  # after the headers
+        lines = [line.rstrip() for line in body.split("\n")]
+        if sum(len(line.split()) for line in lines) < 1000:
+            continue
+        starts = [i for i, line in enumerate(lines) if line and (i == 0 or not lines[i - 1])]
+        docs.append(_document(f"{name}-{dist.version}/METADATA", f"{name} {dist.version} README", lines, starts))
+    return tuple(docs)
+
+
+def load_documents(domain: str = "plays") -> tuple[Document, ...]:
+    """The documents of a text domain (:data:`DOMAINS`)."""
+    found = {"plays": load_plays, "code": load_code, "docs": load_docs}[domain]()
+    if not found:
+        raise ValueError(f"no {domain} texts in this installation")
+    return found
 
 
 @lru_cache(maxsize=1)
@@ -96,23 +162,23 @@ def vocabulary() -> tuple[str, ...]:
 
 @dataclass
 class Haystack:
-    """A contiguous stream of real text lines starting at a speech; spills into the next play if needed."""
+    """A contiguous stream of real text lines starting at a start line; spills into the next document if needed."""
 
     lines: list[str]
     meta: dict
 
 
-def make_haystack(rng: random.Random, min_words: int) -> Haystack:
-    """Seeded play and start (a speech) with at least ``min_words`` words of text after it."""
-    plays = load_plays()
+def make_haystack(rng: random.Random, min_words: int, domain: str = "plays") -> Haystack:
+    """Seeded document of ``domain`` and start (plays: a speech) with at least ``min_words`` words after it."""
+    plays = load_documents(domain)
     k = rng.randrange(len(plays))
     play = plays[k]
     total = play.cum_words[-1]
-    fits = [s for s in play.speech_starts if total - play.cum_words[s] >= min_words]
+    fits = [s for s in play.starts if total - play.cum_words[s] >= min_words]
     if fits:
         start = fits[rng.randrange(len(fits))]
     else:
-        start = play.speech_starts[0] if play.speech_starts else 0
+        start = play.starts[0] if play.starts else 0
     lines = list(play.lines[start:])
     words = total - play.cum_words[start]
     spill = []
@@ -124,6 +190,8 @@ def make_haystack(rng: random.Random, min_words: int) -> Haystack:
     while lines and lines[-1] == "":
         lines.pop()
     meta = {"file": play.file, "title": play.title, "start_line": start + 1}
+    if domain != "plays":
+        meta["domain"] = domain
     if spill:
         meta["continues_into"] = spill
     return Haystack(lines, meta)

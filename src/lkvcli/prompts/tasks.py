@@ -36,10 +36,11 @@ class TaskContext:
     rng: random.Random
     target: int                      # token target for the whole user message
     count: Callable[[str], int]      # tokens in a text
+    domain: str = "plays"            # text domain of the haystack (lkvcli.prompts.corpus.DOMAINS)
 
     def haystack(self):
         # 1.5 words per target token: enough for any tokenizer with >= 0.67 tokens per word.
-        return make_haystack(self.rng, int(self.target * 1.5) + 50)
+        return make_haystack(self.rng, int(self.target * 1.5) + 50, self.domain)
 
 
 @dataclass
@@ -50,7 +51,7 @@ class Draft:
     answer: str | list[str] | None = None
     metric: str = "agreement"
     meta: dict = field(default_factory=dict)
-    describe: Callable[[str], dict] | None = None   # final context -> extra meta
+    describe: Callable[[str], dict] | None = None   # final context -> extra meta (and "answer", when it depends on it)
 
 
 Fact = tuple[str, str, str]  # (label, the inserted paragraph, the critical text inside it)
@@ -224,16 +225,137 @@ def freq_words(ctx: TaskContext) -> Draft:
                  describe=describe)
 
 
+def multi_kv(ctx: TaskContext) -> Draft:
+    """A JSON block of 20-60 hex key -> value pairs; 2-3 keys are asked, and each has a distractor key that
+    differs only in its last 4 digits (shrunk to <= half the target); answer: the asked values."""
+    k, n = ctx.rng.randint(2, 3), ctx.rng.randint(20, 60)
+    ids = _distinct(2 * n, lambda: _hex_id(ctx.rng))  # n keys and n values, all different
+    asked = ids[:k]
+    near = [key[:-4] + f"{(int(key[-4:], 16) + ctx.rng.randint(1, 0xFFFE)) % 0x10000:04x}" for key in asked]
+    keys, values = asked + near + ids[k:n - k], ids[n:]
+    pairs = list(zip(keys, values))
+    while len(pairs) > 2 * k and ctx.count(_kv_block(pairs)) > ctx.target // 2:
+        pairs = pairs[:max(2 * k, len(pairs) * 3 // 4)]
+    order = list(range(len(pairs)))
+    ctx.rng.shuffle(order)
+    pairs = [pairs[i] for i in order]
+    answer = [dict(pairs)[key] for key in asked]
+    depth = _depth(ctx.rng)
+    question = (f"What are the values for the keys {_names_list([chr(34) + key + chr(34) for key in asked])} in the "
+                "JSON object in the text above? Answer with the values only, in that order, separated by commas.")
+    block = _kv_block(pairs)
+    facts = [(f"value of {key}", block, value) for key, value in zip(asked, answer)]
+    return _haystack_draft(ctx, question, [(depth, block)], facts=facts, answer=answer, metric="contains_all",
+                           meta={"keys": asked, "distractors": near, "n_pairs": len(pairs), "depths": [depth]})
+
+
+_ITEMS = ("crates", "lanterns", "coins", "barrels", "maps", "keys", "bells", "scrolls")
+
+
+def counting(ctx: TaskContext) -> Draft:
+    """2-4 reports of what one team found, at seeded depths, among 2-3 reports of other teams; answer: the total."""
+    keys, item = _keys(ctx.rng, 3), ctx.rng.choice(_ITEMS)
+    main = [ctx.rng.randint(2, 9) for _ in range(ctx.rng.randint(2, 4))]
+    other = [(ctx.rng.choice(keys[1:]), ctx.rng.randint(2, 9)) for _ in range(ctx.rng.randint(2, 3))]
+    reports = [(keys[0], n) for n in main] + other
+    inserts = sorted((_depth(ctx.rng), f"Report: the {key} team found {n} {item}.") for key, n in reports)
+    facts = [(f"{keys[0]} report", text, text) for _, text in inserts if f"the {keys[0]} team" in text]
+    question = (f"How many {item} did the {keys[0]} team find in total, adding up every report in the text above? "
+                "Answer with the number only.")
+    return _haystack_draft(ctx, question, inserts, facts=facts, answer=str(sum(main)), metric="contains_all",
+                           meta={"key": keys[0], "counts": main, "distractors": other})
+
+
+def _definitions(lines: Sequence[str]) -> list[tuple[str, int]]:
+    """(name, line index) of every top-level ``def`` / ``class`` in ``lines``."""
+    found = []
+    for i, line in enumerate(lines):
+        m = re.match(r"(?:def|class) ([A-Za-z_][A-Za-z0-9_]*)", line)
+        if m:
+            found.append((m[1], i))
+    return found
+
+
+def _qa_item(lines: list[str], domain: str, u: float) -> tuple[str, str, int, int] | None:
+    """(question, answer, char start, char end of the answer's evidence) of an extractive question about
+    ``lines`` near relative position ``u``, or None when the passage has nothing to ask."""
+    text = "\n".join(lines)
+    offsets = [0]
+    for line in lines:
+        offsets.append(offsets[-1] + len(line) + 1)
+    unique = lambda s: text.count(s) == 1  # noqa: E731
+    items = []
+    if domain == "plays":
+        for label, start, _ in speeches(lines):
+            first = lines[start].strip()
+            if len(first) >= 20 and unique(first):
+                items.append((f'In the passage above, who says "{first}"? Answer with the name only.',
+                              label.rstrip("."), offsets[start - 1], offsets[start - 1] + len(label.rstrip("."))))
+    elif domain == "code":
+        defs = _definitions(lines) + [("", len(lines))]
+        for (name, i), (_, end) in zip(defs, defs[1:]):
+            body = [j for j in range(i + 1, end) if len(lines[j].strip()) >= 20 and unique(lines[j].strip())
+                    and not lines[j].strip().startswith(("#", '"', "'"))]
+            if body:
+                line = lines[body[0]].strip()
+                at = offsets[i] + lines[i].index(name)
+                items.append((f"Which function or class in the code above contains the line `{line}`? "
+                              "Answer with its name only.", name, at, at + len(name)))
+    else:
+        for i, line in enumerate(lines):
+            words = [w for w in re.findall(r"\b[a-z]{7,14}\b", line) if len(re.findall(rf"\b{w}\b", text)) == 1]
+            if words and len(line.split()) >= 8 and not line.lstrip().startswith(("#", "|", "`", "<", "!", "[")):
+                word = max(words, key=lambda w: (len(w), w))
+                sentence = re.sub(rf"\b{word}\b", "____", line.strip())
+                at = offsets[i] + re.search(rf"\b{word}\b", line).start()
+                items.append((f'Which word fills the blank in this line of the passage above: "{sentence}"? '
+                              "Answer with the word only.", word, at, at + len(word)))
+    if not items:
+        return None
+    return items[min(len(items) - 1, int(u * len(items)))]
+
+
+def passage_qa(ctx: TaskContext) -> Draft:
+    """An extractive question about the passage itself, at a seeded relative position: who says a line
+    (plays), which definition contains a line (code), which word fills a blank (docs); answer: that name
+    or word, whose occurrence in the passage is the critical fact."""
+    u = ctx.rng.random()
+
+    def question(lines: list[str]) -> str:
+        item = _qa_item(lines, ctx.domain, u)
+        return item[0] if item else "What is the passage above about? Answer in one sentence."
+
+    def describe(context: str) -> dict:
+        item = _qa_item(context.split("\n"), ctx.domain, u)
+        if item is None:
+            raise ValueError("passage_qa: the passage has nothing to ask about")
+        _, answer, start, end = item
+        return {"answer": answer, "critical_chars": [{"fact": "answer", "text": answer, "chars": [start, end]}]}
+
+    return _haystack_draft(ctx, question, answer="", metric="contains_all", meta={"position": round(u, 4)},
+                           describe=describe)
+
+
 # ---------------------------------------------------------------- open-ended tasks (metric "agreement")
 
 def summarise(ctx: TaskContext) -> Draft:
-    """Summarise a real passage."""
-    return _haystack_draft(ctx, "Summarise the passage above in a few sentences.")
+    """Summarise a real passage (code: what it does)."""
+    question = ("Summarise what the code above does in a few sentences." if ctx.domain == "code" else
+                "Summarise the passage above in a few sentences.")
+    return _haystack_draft(ctx, question)
 
 
 def explain(ctx: TaskContext) -> Draft:
-    """Explain the longest complete speech of the passage, or what its main speaker wants (seeded choice)."""
+    """Explain the longest complete speech of the passage, or what its main speaker wants (seeded choice);
+    code: what its first top-level definition does; docs: what the passage describes."""
     variant = ctx.rng.choice(("speech", "want"))
+    if ctx.domain != "plays":
+        def other(lines: list[str]) -> str:
+            names = _definitions(lines)
+            if ctx.domain == "code" and names:
+                return f"Explain briefly, in plain English, what `{names[0][0]}` in the code above does and how."
+            return "Explain briefly, in plain English, what the passage above describes and how to use it."
+        return _haystack_draft(ctx, other, meta={"variant": "definition" if ctx.domain == "code" else "passage"})
 
     def question(lines: list[str]) -> str:
         found = speeches(lines)
@@ -255,8 +377,17 @@ def explain(ctx: TaskContext) -> Draft:
 
 
 def list_task(ctx: TaskContext) -> Draft:
-    """List the characters who speak, or the main events (seeded choice)."""
+    """List the characters who speak, or the main events (seeded choice); code: the top-level
+    definitions; docs: the main points."""
     variant = ctx.rng.choice(("speakers", "events"))
+    if ctx.domain == "code":
+        return _haystack_draft(ctx, "List the functions and classes defined at the top level of the code above, "
+                               "one name per line.", meta={"variant": "definitions"},
+                               describe=lambda context: {"definitions": [n for n, _ in
+                                                                         _definitions(context.split("\n"))]})
+    if ctx.domain == "docs":
+        return _haystack_draft(ctx, "List the main points of the passage above as short bullet points.",
+                               meta={"variant": "points"})
     question = ("List the characters who speak in the passage above, one per line."
                 if variant == "speakers" else
                 "List the main events of the passage above as short bullet points.")
@@ -273,6 +404,12 @@ TASKS: dict[str, Callable[[TaskContext], Draft]] = {
     "summarise": summarise,
     "explain": explain,
     "list": list_task,
+    "multi_kv": multi_kv,
+    "counting": counting,
+    "passage_qa": passage_qa,
 }
-CLOSED_TASKS = ("needle", "multi_needle", "kv_lookup", "var_tracking", "freq_words")
+CLOSED_TASKS = ("needle", "multi_needle", "kv_lookup", "var_tracking", "freq_words", "multi_kv", "counting",
+                "passage_qa")
 OPEN_TASKS = ("summarise", "explain", "list")
+# the original eight, what `builtin:` uses unless `tasks=` says otherwise (existing targets keep their prompts)
+DEFAULT_TASKS = ("needle", "multi_needle", "kv_lookup", "var_tracking", "freq_words", "summarise", "explain", "list")
