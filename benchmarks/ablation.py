@@ -23,7 +23,7 @@ from pathlib import Path
 
 import yaml
 
-TABLE_BUDGETS_DEFAULT = ("32", "64", "128", "256")
+TABLE_BUDGETS_DEFAULT = ("32", "64", "128", "256", "512")
 
 
 def _overrides(mapping: dict | None) -> list[str]:
