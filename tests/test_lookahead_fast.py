@@ -15,7 +15,7 @@ from lkvcli.lookahead import left_pad
 ARCHS = ["llama", "qwen3", "gemma3"]  # gemma3: sliding window 8 on two of its three layers, prompts longer
 
 
-def eager_scores(adapter, cache, attention_mask=None):
+def eager_scores(adapter, cache, attention_mask=None, rows="mean"):
     """Reference: the lookahead tokens through eager attention over a deep copy of ``cache`` (which grows);
     every layer's returned attention mapped to prompt slots, group-mean, query-mean, renormalised."""
     model = adapter.base_model
@@ -39,7 +39,8 @@ def eager_scores(adapter, cache, attention_mask=None):
     layers = []
     for attn in out.attentions:  # (batch, heads, n, keys); key index 0 sits at slot past + n - keys
         keys = attn.shape[-1]
-        mean = attn.reshape(batch, kv, -1, n, keys).mean(2).mean(2)
+        grouped = attn.reshape(batch, kv, -1, n, keys).mean(2)
+        mean = grouped.mean(2) if rows == "mean" else grouped.amax(2)
         full = F.pad(mean, (past + n - keys, 0))[..., :past]
         layers.append(full / full.sum(-1, keepdim=True))
     return torch.stack(layers, dim=1)
@@ -97,6 +98,19 @@ def test_inference_scores_equal_eager_reference_and_cache_kept(arch):
         ref = eager_scores(adapter, cache)
         assert cache.get_seq_length() == 20
     torch.testing.assert_close(fast, ref, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_max_over_the_lookahead_queries_equals_eager_reference(arch):
+    adapter = attached(arch)
+    ids, mask = left_pad([prompt(n, seed=n)[0] for n in (12, 19)])
+    with torch.inference_mode():
+        cache = adapter.prefill(ids, mask)
+        fast = adapter.score(cache, attention_mask=mask, query_reduction="max")
+        ref = eager_scores(adapter, cache, mask, rows="max") * mask[:, None, None, :]
+        mean = adapter.score(cache, attention_mask=mask)
+    torch.testing.assert_close(fast, ref, atol=1e-6, rtol=0)
+    assert (fast - mean).abs().max() > 1e-3  # a different score
 
 
 @pytest.mark.parametrize("mask_kind", ["none", "bool", "per-head", "float"])

@@ -136,3 +136,16 @@ def test_oracle_is_the_record_target_and_recalls_everything_at_full_budget():
     snap = get_scorer("snapkv", window=4)
     s = prediction_metrics(snap, snap.score(prepare(snap, model, ids)), record.target, [5])
     assert s["budgets"][5]["recall"] <= m["budgets"][5]["recall"] + 1e-6
+
+
+def test_lookahead_scorer_can_take_the_max_over_its_queries():
+    model = tiny_model("llama", seed=4)
+    ids = torch.randint(0, 100, (1, L))
+    resources = _resources(model)
+    scorer = get_scorer("lookahead", query_reduction="max")
+    ctx = prepare(scorer, model, ids, resources=resources)
+    with torch.inference_mode():
+        expected = resources["adapter"].score(ctx.state.cache, query_reduction="max")
+    assert torch.equal(scorer.score(ctx), expected)
+    with pytest.raises(LkvError, match="query_reduction"):
+        get_scorer("lookahead", query_reduction="median")

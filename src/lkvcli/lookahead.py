@@ -7,7 +7,8 @@ It runs in two stages, and this is the one scoring implementation used by traini
    adapter switched off (no grad) into a ``DynamicCache``;
 2. :meth:`LookaheadAdapter.score` runs the N lookahead embeddings over that cache (positions
    L..L+N-1) with the adapter switched on, inside :func:`lkvcli.attention.capture_attention`,
-   and returns their attention over the L prompt keys, reduced per KV head, averaged over the N
+   and returns their attention over the L prompt keys, reduced per KV head, averaged (or, with
+   ``query_reduction: max``, maxed) over the N
    queries and renormalised. The pass adds nothing to the cache (:func:`lkvcli.attention.attend_over`:
    every layer attends over the cached keys and the N new ones without concatenating them, and
    one softmax gives both the attention output and the scores).
@@ -30,7 +31,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from .attention import GROUP_REDUCTIONS, attend_over, capture_attention
+from .attention import GROUP_REDUCTIONS, ROW_REDUCTIONS, attend_over, capture_attention
 from .errors import LkvError
 
 INITS = ("mean_embed", "random")
@@ -51,6 +52,7 @@ class LookaheadConfig:
     lora_dropout: float = 0.0
     target_modules: list[str] | str = "all-linear"  # all-linear: every linear layer of attention and MLP
     reduction: str = "mean"  # how the query heads of a KV group are reduced (same as the targets')
+    query_reduction: str = "mean"  # how the N lookahead queries combine: their mean (the paper's) or their max
 
     def validate(self) -> None:
         checks = [
@@ -60,6 +62,7 @@ class LookaheadConfig:
             (self.lora_rank >= 1, "lora_rank", "must be at least 1"),
             (0 <= self.lora_dropout < 1, "lora_dropout", "must be in [0, 1)"),
             (self.reduction in GROUP_REDUCTIONS, "reduction", f"must be one of {', '.join(GROUP_REDUCTIONS)}"),
+            (self.query_reduction in ROW_REDUCTIONS, "query_reduction", f"must be one of {', '.join(ROW_REDUCTIONS)}"),
         ]
         for ok, name, why in checks:
             if not ok:
@@ -201,7 +204,8 @@ class LookaheadAdapter:
                             cache=cache, use_cache=True)
         return cache
 
-    def score(self, cache, prompt_len: int | None = None, attention_mask=None) -> torch.Tensor:
+    def score(self, cache, prompt_len: int | None = None, attention_mask=None,
+              query_reduction: str | None = None) -> torch.Tensor:
         """Predicted importance, (batch, layers, kv_heads, L) float32, each row summing to 1 over the prompt.
 
         ``cache`` is the prompt's prefilled ``DynamicCache`` (adapter off; under grad it must not
@@ -210,6 +214,7 @@ class LookaheadAdapter:
         batch pass the prompt's ``attention_mask`` (batch, L): pad columns score 0 (see
         :func:`unpad_scores`) and lookahead positions continue each example's own length.
         Differentiable in the embeddings and the LoRA weights when grad is enabled.
+        ``query_reduction`` overrides the config's (mean or max over the N lookahead queries).
         """
         model = self.base_model
         past = cache.get_seq_length()
@@ -224,7 +229,8 @@ class LookaheadAdapter:
             mask = torch.cat([attention_mask, attention_mask.new_ones(batch, n)], dim=-1)
         embeds = self.embeddings.to(model.dtype).expand(batch, n, -1)
         capture = capture_attention(model, key_len=key_len, query_start=past, past_len=past,
-                                    reduction=self.config.reduction)
+                                    reduction=self.config.reduction,
+                                    rows=query_reduction or self.config.query_reduction)
         with self.lora_on(), attend_over(cache), capture as capture:
             model.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
                                 cache=cache, use_cache=True)

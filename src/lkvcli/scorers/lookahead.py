@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from ..errors import LkvError
 from .base import ScoreContext, Scorer, register
@@ -24,6 +25,7 @@ class Lookahead(Scorer):
 
     needs = ("adapter", "extra_forward")
     adapter: str | None = None
+    query_reduction: Literal["mean", "max"] | None = None  # None: the adapter's own (lookahead.query_reduction)
 
     def _adapter(self, ctx: ScoreContext):
         found = ctx.resources.get("adapter")
@@ -35,7 +37,8 @@ class Lookahead(Scorer):
 
     def raw_scores(self, ctx: ScoreContext):
         adapter = self._adapter(ctx)
-        return adapter.score(ctx.state.cache, prompt_len=ctx.prompt_len, attention_mask=ctx.attention_mask)
+        return adapter.score(ctx.state.cache, prompt_len=ctx.prompt_len, attention_mask=ctx.attention_mask,
+                             query_reduction=self.query_reduction)
 
 
 def _adapter_folder(path: Path) -> Path:
