@@ -4,9 +4,10 @@ per budget, critical / mass recall and KL, with the `lkv` command behind every r
     python benchmarks/ablation.py benchmarks/ablations/small-budget.yaml --out runs/ablation
 
 The YAML names the targets to collect (``collect``: name -> built-in spec), the evaluation sets
-(``eval_sets``: name -> targets name and split), the shared training overrides (``train``), and
-the settings (``settings``: a name, training overrides, or ``from: NAME`` to reuse another
-setting's adapter with only ``eval`` overrides such as ``scorers.lookahead.recent_window=16``).
+(``eval_sets``: name -> targets names, split and ``eval`` overrides such as ``mode: context``), the
+shared training overrides (``train``), and the settings (``settings``: a name, training overrides,
+or ``from: NAME`` to reuse another setting's adapter with only ``eval`` overrides such as
+``scorers.lookahead.recent_window=16``; ``sets`` limits a setting to some evaluation sets).
 Every step is an ``lkv`` command run in a child process: collect, train and eval resume where they
 stopped, so re-running the same command continues and then re-prints the table.
 Writes OUT/ablation.json and OUT/ablation.md.
@@ -79,12 +80,14 @@ def plan(spec: dict, out: Path) -> list[dict]:
         targets = ",".join(str(folders[n]) for n in eval_set["targets"])
         common = ["--targets", targets, "--budgets", ",".join(budgets), "--parts", "prediction,answers",
                   "--split", eval_set.get("split", "all"), *(["--limit", str(eval_set["limit"])] if "limit" in eval_set else []),
-                  *_overrides(spec.get("eval"))]
+                  *_overrides(spec.get("eval")), *_overrides(eval_set.get("eval"))]
         result = out / "results" / "baselines" / set_name
         steps.append({"kind": "eval", "name": "baselines", "set": set_name, "result": result,
                       "cmd": lkv("eval", *common, "--adapter", str(first_run), "--methods",
                                  ",".join(spec.get("baselines", ["snapkv", "oracle"])), "--out", str(result))})
         for setting in spec["settings"]:
+            if set_name not in setting.get("sets", spec["eval_sets"]):
+                continue
             result = out / "results" / setting["name"] / set_name
             steps.append({"kind": "eval", "name": setting["name"], "set": set_name, "result": result,
                           "cmd": lkv("eval", *common, "--adapter", str(runs[setting["name"]]), "--methods", "lookahead",
@@ -114,7 +117,8 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
                 f"recall@{key_budget}", "KL"]
         lines += [f"### {set_name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         entries = [(m, "baselines", m) for m in spec.get("baselines", ["snapkv", "oracle"])]
-        entries += [(s["name"], s["name"], "lookahead") for s in spec["settings"]]
+        entries += [(s["name"], s["name"], "lookahead") for s in spec["settings"]
+                    if set_name in s.get("sets", spec["eval_sets"])]
         full = None
         for label, source, method in entries:
             results = Path(next(s["result"] for s in steps if s["name"] == source and s.get("set") == set_name))
