@@ -38,11 +38,11 @@ def _overrides(mapping: dict | None) -> list[str]:
 def _run(cmd: list[str], log: Path, dry: bool) -> None:
     line = shlex.join(cmd)
     print(f"$ {line}", flush=True)
-    with log.open("a") as fh:
-        fh.write(f"$ {line}\n")
     if dry:
         return
     with log.open("a") as fh:
+        fh.write(f"$ {line}\n")
+        fh.flush()
         proc = subprocess.run(cmd, stdout=fh, stderr=subprocess.STDOUT)
     if proc.returncode != 0:
         raise SystemExit(f"error: command failed (exit {proc.returncode}), see {log}: {line}")
@@ -147,7 +147,8 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("spec", help="ablation YAML (see benchmarks/ablations/)")
     parser.add_argument("--out", default="runs/ablation")
-    parser.add_argument("--only", default=None, help="comma-separated step names to run (default: all)")
+    parser.add_argument("--only", default=None, help="comma-separated collect / setting names to run (default: all)")
+    parser.add_argument("--sets", default=None, help="comma-separated evaluation sets to run (default: all)")
     parser.add_argument("--table-budget", default="64", help="budget of the recall columns")
     parser.add_argument("--dry-run", action="store_true", help="print the commands only")
     args = parser.parse_args(argv)
@@ -155,10 +156,11 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     steps = plan(spec, out)
-    only = set(args.only.split(",")) if args.only else None
+    only = set(args.only.split(",")) | {"baselines"} if args.only else None
+    sets = set(args.sets.split(",")) if args.sets else None
     log = out / "ablation.log"
     for step in steps:
-        if only and step["name"] not in only:
+        if only and step["name"] not in only or sets and step["kind"] == "eval" and step["set"] not in sets:
             continue
         cmd = list(step["cmd"])
         if step["kind"] == "train" and (Path(step["result"]) / "adapter").exists():
