@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
     app.command(
         "eval",
         help=(
-            "Compare eviction methods (lookahead, snapkv, pyramidkv, streamingllm, tova, h2o, knorm, random, draft, "
+            "Compare eviction methods (lookahead, snapkv, pyramidkv, streamingllm, tova, h2o, kvzip, knorm, random, draft, "
             "oracle) on held-out collected records: prediction accuracy, answers with the evicted cache, overhead."
         ),
     )(eval_command)
