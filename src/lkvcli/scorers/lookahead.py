@@ -37,8 +37,8 @@ class Lookahead(Scorer):
 
     def raw_scores(self, ctx: ScoreContext):
         adapter = self._adapter(ctx)
-        return adapter.score(ctx.state.cache, prompt_len=ctx.prompt_len, attention_mask=ctx.attention_mask,
-                             query_reduction=self.query_reduction)
+        override = {"query_reduction": self.query_reduction} if self.query_reduction else {}
+        return adapter.score(ctx.state.cache, prompt_len=ctx.prompt_len, attention_mask=ctx.attention_mask, **override)
 
 
 def _adapter_folder(path: Path) -> Path:
