@@ -1,0 +1,78 @@
+"""benchmarks/ablation.py: the commands it plans from a spec, and the table it reads back from results folders."""
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+spec_ = importlib.util.spec_from_file_location("ablation", ROOT / "benchmarks" / "ablation.py")
+ablation = importlib.util.module_from_spec(spec_)
+spec_.loader.exec_module(ablation)
+
+SPEC = {
+    "model": "m",
+    "collect": {"train": "builtin:n=4", "held": {"data": "builtin:n=2,tasks=needle", "max_new_tokens": 8}},
+    "train_targets": ["train"],
+    "eval_sets": {"held": {"targets": ["held"], "split": "all"},
+                  "ctx": {"targets": ["held"], "eval": {"mode": "context"}}},
+    "budgets": [8, 16],
+    "baselines": ["snapkv"],
+    "train": {"steps": 2, "exclude_tasks": ["needle"]},
+    "settings": [{"name": "a"}, {"name": "b", "train": {"objective.target": "max"}, "sets": ["held"]},
+                 {"name": "a+tail", "from": "a", "eval": {"scorers.lookahead.recent_window": 4}, "sets": ["held"]}],
+}
+
+
+def args_of(cmd):
+    return cmd[cmd.index("lkvcli") + 1:]
+
+
+def test_plan_collects_trains_then_evaluates_each_setting_on_its_sets(tmp_path):
+    steps = ablation.plan(SPEC, tmp_path)
+    kinds = [(s["kind"], s["name"], s.get("set")) for s in steps]
+    assert kinds == [("collect", "train", None), ("collect", "held", None), ("train", "a", None), ("train", "b", None),
+                     ("eval", "baselines", "held"), ("eval", "a", "held"), ("eval", "b", "held"),
+                     ("eval", "a+tail", "held"), ("eval", "baselines", "ctx"), ("eval", "a", "ctx")]
+    held = args_of(steps[1]["cmd"])
+    assert held[held.index("--max-new-tokens") + 1] == "8" and str(tmp_path / "targets" / "held") in held
+    b = args_of(steps[3]["cmd"])
+    assert b[:1] == ["train"] and "steps=2" in b and 'exclude_tasks=["needle"]' in b and "objective.target=max" in b
+    tail = args_of(steps[7]["cmd"])
+    assert tail[tail.index("--adapter") + 1] == str(tmp_path / "runs" / "a")  # reuses a's adapter
+    assert "scorers.lookahead.recent_window=4" in tail and "--budgets" in tail and "8,16" in tail
+    ctx = args_of(steps[9]["cmd"])
+    assert "mode=context" in ctx and ctx[ctx.index("--out") + 1] == str(tmp_path / "results" / "a" / "ctx")
+
+
+def test_table_reads_each_rows_results_and_skips_missing_ones(tmp_path):
+    steps = ablation.plan(SPEC, tmp_path)
+
+    def write(setting, method, score, recall):
+        folder = tmp_path / "results" / setting / "held"
+        folder.mkdir(parents=True)
+        budgets = {b: {"recall": recall, "critical_recall": recall / 2, "critical_heads": 0.1} for b in ("8", "16")}
+        (folder / "results.json").write_text(json.dumps({
+            "prediction": {method: {"kl": 0.2, "records": 3, "budgets": budgets}},
+            "answers": {"full": {"score": 0.75}, "methods": {method: {"8": {"score": score}, "16": {"score": 0.5}}}}}))
+
+    write("baselines", "snapkv", 0.0, 0.6)
+    write("a", "lookahead", 0.25, 0.8)
+    rows, text = ablation.table({**SPEC, "budgets": ["8", "16"]}, steps, "8")
+    assert set(rows["held"]) == {"snapkv", "a"}  # b and a+tail have no results yet
+    assert rows["held"]["a"]["score@8"] == 0.25 and rows["held"]["a"]["critical_recall"] == 0.4
+    assert "| a | 0.250 | 0.500 | 0.400 | 0.100 | 0.800 | 0.200 |" in text
+    assert "full cache: 0.750; records: 3" in text and "### Commands" in text
+
+
+def test_dry_run_prints_commands_and_writes_no_log(tmp_path, capsys, monkeypatch):
+    path = tmp_path / "spec.yaml"
+    import yaml
+
+    path.write_text(yaml.safe_dump(SPEC))
+    monkeypatch.setattr(sys, "argv", ["ablation.py"])
+    ablation.main([str(path), "--out", str(tmp_path / "out"), "--dry-run", "--only", "a", "--sets", "held"])
+    out = capsys.readouterr().out
+    planned = [line for line in out.splitlines() if line.startswith("$ ")]
+    assert len(planned) == 3  # a's training, held baselines, a's eval on held
+    assert not (tmp_path / "out" / "ablation.log").exists()
