@@ -7,7 +7,9 @@ The YAML names the targets to collect (``collect``: name -> built-in spec), the 
 (``eval_sets``: name -> targets names, split and ``eval`` overrides such as ``mode: context``), the
 shared training overrides (``train``), and the settings (``settings``: a name, training overrides,
 or ``from: NAME`` to reuse another setting's adapter with only ``eval`` overrides such as
-``scorers.lookahead.recent_window=16``; ``sets`` limits a setting to some evaluation sets).
+``scorers.lookahead.recent_window=16``; ``sets`` limits a setting to some evaluation sets) and the
+``baselines``: method names, evaluated together, or ``{name, method, eval}`` variants evaluated on
+their own, such as the oracle under ``scorers.oracle.allocation: global``.
 Every step is an ``lkv`` command run in a child process: collect, train and eval resume where they
 stopped, so re-running the same command continues and then re-prints the table.
 Writes OUT/ablation.json and OUT/ablation.md.
@@ -52,6 +54,18 @@ def lkv(*args: str) -> list[str]:
     return [sys.executable, "-m", "lkvcli", *args]
 
 
+def baselines(spec: dict) -> tuple[list[str], list[dict]]:
+    """(plain baseline methods, variants as {"name", "method", "eval"})."""
+    plain, variants = [], []
+    for entry in spec.get("baselines", ["snapkv", "oracle"]):
+        if isinstance(entry, str):
+            plain.append(entry)
+        else:
+            variants.append({"name": entry["name"], "method": entry.get("method", entry["name"]),
+                             "eval": entry.get("eval", {})})
+    return plain, variants
+
+
 def plan(spec: dict, out: Path) -> list[dict]:
     """Every step as {"kind", "name", "cmd", "result"} in the order to run."""
     model = spec.get("model", "smollm2-135m-instruct")
@@ -81,10 +95,16 @@ def plan(spec: dict, out: Path) -> list[dict]:
         common = ["--targets", targets, "--budgets", ",".join(budgets), "--parts", "prediction,answers",
                   "--split", eval_set.get("split", "all"), *(["--limit", str(eval_set["limit"])] if "limit" in eval_set else []),
                   *_overrides(spec.get("eval")), *_overrides(eval_set.get("eval"))]
+        plain, variants = baselines(spec)
         result = out / "results" / "baselines" / set_name
         steps.append({"kind": "eval", "name": "baselines", "set": set_name, "result": result,
-                      "cmd": lkv("eval", *common, "--adapter", str(first_run), "--methods",
-                                 ",".join(spec.get("baselines", ["snapkv", "oracle"])), "--out", str(result))})
+                      "cmd": lkv("eval", *common, "--adapter", str(first_run), "--methods", ",".join(plain),
+                                 "--out", str(result))})
+        for variant in variants:
+            result = out / "results" / variant["name"] / set_name
+            steps.append({"kind": "eval", "name": variant["name"], "set": set_name, "result": result,
+                          "cmd": lkv("eval", *common, "--adapter", str(first_run), "--methods", variant["method"],
+                                     "--out", str(result), *_overrides(variant["eval"]))})
         for setting in spec["settings"]:
             if set_name not in setting.get("sets", spec["eval_sets"]):
                 continue
@@ -116,7 +136,8 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
         head = ["setting", *[f"ans@{b}" for b in budgets], f"crit@{key_budget}", f"heads@{key_budget}",
                 f"recall@{key_budget}", "KL"]
         lines += [f"### {set_name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        entries = [(m, "baselines", m) for m in spec.get("baselines", ["snapkv", "oracle"])]
+        plain, variants = baselines(spec)
+        entries = [(m, "baselines", m) for m in plain] + [(v["name"], v["name"], v["method"]) for v in variants]
         entries += [(s["name"], s["name"], "lookahead") for s in spec["settings"]
                     if set_name in s.get("sets", spec["eval_sets"])]
         full = None
@@ -156,7 +177,7 @@ def main(argv=None) -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     steps = plan(spec, out)
-    only = set(args.only.split(",")) | {"baselines"} if args.only else None
+    only = set(args.only.split(",")) | {"baselines"} if args.only else None  # variants run only when named
     sets = set(args.sets.split(",")) if args.sets else None
     log = out / "ablation.log"
     for step in steps:

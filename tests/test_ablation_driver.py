@@ -76,3 +76,22 @@ def test_dry_run_prints_commands_and_writes_no_log(tmp_path, capsys, monkeypatch
     planned = [line for line in out.splitlines() if line.startswith("$ ")]
     assert len(planned) == 3  # a's training, held baselines, a's eval on held
     assert not (tmp_path / "out" / "ablation.log").exists()
+
+
+def test_baseline_variants_run_on_their_own_with_their_overrides(tmp_path):
+    variant = {"name": "oracle-global", "method": "oracle", "eval": {"scorers.oracle.allocation": "global"}}
+    spec = {**SPEC, "baselines": ["snapkv", variant], "settings": [{"name": "a"}]}
+    steps = ablation.plan(spec, tmp_path)
+    held = [s for s in steps if s["kind"] == "eval" and s["set"] == "held"]
+    assert [s["name"] for s in held] == ["baselines", "oracle-global", "a"]
+    plain, own = args_of(held[0]["cmd"]), args_of(held[1]["cmd"])
+    assert plain[plain.index("--methods") + 1] == "snapkv" and "scorers.oracle.allocation=global" not in plain
+    assert own[own.index("--methods") + 1] == "oracle" and "scorers.oracle.allocation=global" in own
+    assert own[own.index("--out") + 1] == str(tmp_path / "results" / "oracle-global" / "held")
+    folder = tmp_path / "results" / "oracle-global" / "held"
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({
+        "prediction": {"oracle": {"kl": 0.0, "records": 2, "budgets": {"8": {"recall": 0.9}}}},
+        "answers": {"full": {"score": 0.5}, "methods": {"oracle": {"8": {"score": 0.5}}}}}))
+    rows, text = ablation.table({**spec, "budgets": ["8"]}, steps, "8")
+    assert rows["held"]["oracle-global"]["score@8"] == 0.5 and "| oracle-global | 0.500 |" in text
