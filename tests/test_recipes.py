@@ -40,6 +40,7 @@ CONFIG_CLASS = {"llama": "LlamaConfig", "qwen3": "Qwen3Config", "mistral": "Mist
 LINEAR_KINDS = ["down_proj", "gate_proj", "k_proj", "o_proj", "q_proj", "up_proj", "v_proj"]
 BUDGETS = ["64", "128", "256", "512", "1024", "2048"]
 BUILTIN_FALLBACK = '# data: "builtin:n=2000,min_tokens=2000,max_tokens=16000"'
+PAPER_MIXTURE = "recipes/data/paper-mixture.yaml"
 HF_SPEC = re.compile(r"^hf:[\w.-]+/[\w.-]+(:[\w.-]+)?(@[\w.-]+)?$")
 
 
@@ -69,7 +70,7 @@ def test_recipe_loads_with_paper_settings(recipe, tmp_path):
     for config in (collect, trained, evaluated):
         assert (config.model, config.device, config.dtype) == (model, "auto", "bfloat16")
 
-    assert HF_SPEC.match(collect.data), f"collect.data should be hf:NAME[:CONFIG][@SPLIT], got {collect.data!r}"
+    assert collect.data == PAPER_MIXTURE, f"collect.data should be the paper's mixture, got {collect.data!r}"
     assert BUILTIN_FALLBACK in recipe.read_text()
     assert collect.max_new_tokens == 512
     assert collect.num_shards == 1  # sharding comes from the launcher or the command line, never the recipe
@@ -139,3 +140,41 @@ def test_recipe_trains_one_step_on_tiny_model_of_same_architecture(recipe, tiny_
     for kind in LINEAR_KINDS:
         adapted = [k for k in tensors if f".{kind}." in k and "lora_A" in k]
         assert len(adapted) == tiny.num_hidden_layers, f"{kind}: LoRA on {len(adapted)} layers"
+
+
+# One row per source as each dataset documents its schema (dataset card / dataset_info features); the
+# datasets themselves cannot be downloaded here.
+DOCUMENTED_ROWS = {
+    "nvidia/ChatQA2-Long-SFT-data": {"question": "User: A long report on owls.\n\nQ: What is it about?\n\nAssistant:",
+                                     "answer": "Owls.", "word count": 5},
+    "allenai/tulu-3-sft-mixture": {"id": "oasst_1", "source": "oasst", "messages": [
+        {"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]},
+    "bigcode/the-stack-smol": {"content": "def f():\n    return 1\n", "lang": "Python", "path": "a.py",
+                               "repository_name": "x/y", "size": 22, "licenses": ["MIT"], "avg_line_length": 11.0,
+                               "max_line_length": 12, "alphanum_fraction": 0.6},
+    "openai/gsm8k": {"question": "What is 2 + 2?", "answer": "2 + 2 = 4.\n#### 4"},
+    "allenai/ai2_arc": {"id": "Mercury_1", "question": "Which is a gas?", "answerKey": "B",
+                        "choices": {"text": ["rock", "air", "wood", "iron"], "label": ["A", "B", "C", "D"]}},
+    "Rowan/hellaswag": {"ind": 4, "activity_label": "Cooking", "ctx_a": "A man cuts.", "ctx_b": "he",
+                        "ctx": "A man cuts. he", "endings": ["a", "b", "c", "d"], "source_id": "s", "split": "train",
+                        "split_type": "indomain", "label": "3"},
+}
+
+
+def test_the_paper_mixture_maps_every_dataset_from_its_documented_schema(tmp_path):
+    from lkvcli.prompts import load_prompts
+    from lkvcli.prompts.mixture import read_mixture_file
+
+    sources = read_mixture_file(str(ROOT / PAPER_MIXTURE))
+    assert sum(source["count"] for source in sources) == 86_000
+    for source in sources:
+        assert HF_SPEC.match(source["data"]), source["data"]
+        name = source["data"][3:].split("@")[0].split(":")[0]
+        shots = source.get("shots", 0)
+        rows = tmp_path / f"{name.replace('/', '_')}.jsonl"  # the examples, then the question
+        rows.write_text((json.dumps(DOCUMENTED_ROWS[name]) + "\n") * (shots + 1))
+        (record,) = load_prompts([{**source, "data": str(rows), "count": 1}])
+        prompt = record.messages[-1]["content"]
+        assert record.messages[-1]["role"] == "user" and prompt.strip(), name
+        assert "{" not in prompt and "Assistant:" not in prompt and not prompt.startswith("User:"), (name, prompt)
+        assert prompt.count("Answer") == (shots + 1 if shots else 0), name

@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from .mapping import RowMapping
 from .records import ACCEPTED_FIELDS, PromptRecord, PromptSourceError, record_from_row
 
 _INSTALL_HINT = "pip install datasets (or pip install 'lkvcli[data]')"
@@ -18,8 +19,12 @@ def _no_records(name: str) -> PromptSourceError:
     return PromptSourceError(f"{name}: no records; add at least one record with {ACCEPTED_FIELDS}")
 
 
-def _build(rows: Iterable[tuple[Any, str, str]], name: str, source: str) -> list[PromptRecord]:
-    """rows: (raw row, default id, location label). Checks for empty input and duplicate ids."""
+def _build(rows: Iterable[tuple[Any, str, str]], name: str, source: str,
+           mapping: RowMapping | None = None) -> list[PromptRecord]:
+    """rows: (raw row, default id, location label), mapped first when given. Checks for empty input and
+    duplicate ids."""
+    if mapping is not None:
+        rows = mapping.rows(iter(rows))
     records: list[PromptRecord] = []
     seen: dict[str, str] = {}
     for row, default_id, where in rows:
@@ -84,16 +89,16 @@ def _parquet_rows(path: Path) -> list:
                                 "check that it is a valid .parquet file") from None
 
 
-def load_file(path: Path) -> list[PromptRecord]:
+def load_file(path: Path, mapping: RowMapping | None = None) -> list[PromptRecord]:
     """Records from a .jsonl / .json / .parquet file."""
     suffix = path.suffix.lower()
     source = str(path)
     if suffix == ".jsonl":
-        return _build(_jsonl_rows(path), path.name, source)
+        return _build(_jsonl_rows(path), path.name, source, mapping)
     if suffix == ".json":
-        return _build(_indexed_rows(_json_rows(path), path.name, path.stem), path.name, source)
+        return _build(_indexed_rows(_json_rows(path), path.name, path.stem), path.name, source, mapping)
     if suffix == ".parquet":
-        return _build(_indexed_rows(_parquet_rows(path), path.name, path.stem), path.name, source)
+        return _build(_indexed_rows(_parquet_rows(path), path.name, path.stem), path.name, source, mapping)
     raise PromptSourceError(f"{path}: unsupported file type {suffix or '(none)'!r}; use a .jsonl, .json or "
                             ".parquet file, a Dataset.save_to_disk folder, hf:NAME or builtin:")
 
@@ -125,13 +130,15 @@ def _pick_split(dsets, split: str | None, name: str):
     raise PromptSourceError(f"{name}: no 'test' or 'train' split; choose one with @SPLIT from: {', '.join(splits)}")
 
 
-def _dataset_records(ds, name: str, stem: str, source: str, limit: int | None) -> list[PromptRecord]:
+def _dataset_records(ds, name: str, stem: str, source: str, limit: int | None,
+                     mapping: RowMapping | None) -> list[PromptRecord]:
     if limit is not None and len(ds) > limit:
         ds = ds.select(range(limit))
-    return _build(_indexed_rows(iter(ds), name, stem), name, source)
+    return _build(_indexed_rows(iter(ds), name, stem), name, source, mapping)
 
 
-def load_saved_dataset(path: Path, split: str | None, limit: int | None) -> list[PromptRecord]:
+def load_saved_dataset(path: Path, split: str | None, limit: int | None,
+                       mapping: RowMapping | None = None) -> list[PromptRecord]:
     """Records from a folder written by ``Dataset.save_to_disk`` / ``DatasetDict.save_to_disk``."""
     datasets = _import_datasets()
     try:
@@ -144,11 +151,11 @@ def load_saved_dataset(path: Path, split: str | None, limit: int | None) -> list
     elif split is not None:
         raise PromptSourceError(f"{path}@{split}: this folder holds a single Dataset, not splits; drop '@{split}'")
     source = f"{path}@{split}" if split else str(path)
-    return _dataset_records(loaded, path.name, path.name, source, limit)
+    return _dataset_records(loaded, path.name, path.name, source, limit, mapping)
 
 
 def load_hub_dataset(name: str, config: str | None, split: str | None, *, limit: int | None,
-                     trust_remote_code: bool) -> list[PromptRecord]:
+                     trust_remote_code: bool, mapping: RowMapping | None = None) -> list[PromptRecord]:
     """Records from ``datasets.load_dataset(name, config)`` (needs network or the local HF cache)."""
     datasets = _import_datasets()
     spec = f"hf:{name}" + (f":{config}" if config else "") + (f"@{split}" if split else "")
@@ -165,4 +172,4 @@ def load_hub_dataset(name: str, config: str | None, split: str | None, *, limit:
         loaded, split = _pick_split(loaded, split, spec)
     stem = name.rsplit("/", 1)[-1] + (f"-{config}" if config else "")
     source = f"hf:{name}" + (f":{config}" if config else "") + f"@{split}"
-    return _dataset_records(loaded, spec, stem, source, limit)
+    return _dataset_records(loaded, spec, stem, source, limit, mapping)

@@ -59,6 +59,10 @@ def _check_messages(value: Any, where: str) -> list[dict]:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
             raise PromptSourceError(f"{where}: 'messages' item {i} has the wrong shape ({m!r:.80}); {fix}")
         out.append({"role": m["role"], "content": m["content"]})
+    while out and out[-1]["role"] == "assistant":  # SFT data ends with the reference reply: the model writes its own
+        out.pop()
+    if not out:
+        raise PromptSourceError(f"{where}: 'messages' holds only assistant turns; it needs a user turn to answer")
     return out
 
 
@@ -90,7 +94,8 @@ def _answer(row: dict, where: str) -> tuple[str | list[str] | None, str | None]:
 def record_from_row(row: Any, *, default_id: str, where: str, source: str) -> PromptRecord:
     """Convert one raw row (JSON object, parquet/dataset row) into a PromptRecord.
 
-    Accepted shapes: ``messages``; ``prompt`` (+ optional ``system``); ``context`` + ``question``
+    Accepted shapes: ``messages`` (trailing assistant turns, an SFT set's reference reply, are
+    dropped and kept as ``meta["reference"]``); ``prompt`` (+ optional ``system``); ``context`` + ``question``
     (kvpress schema, + optional ``system``). Optional: ``id``, ``task``, ``answer`` (str or list:
     all must appear), ``answers`` (list: any is acceptable), ``metric``, ``answer_prefix``,
     ``max_new_tokens``. Other fields go to ``meta``. ``None`` values count as absent.
@@ -101,8 +106,11 @@ def record_from_row(row: Any, *, default_id: str, where: str, source: str) -> Pr
     system = _check_str(row, "system", where)
     context = _check_str(row, "context", where)
     question = _check_str(row, "question", where)
+    reference = None
     if _present(row, "messages"):
         messages = _check_messages(row["messages"], where)
+        if len(messages) < len(row["messages"]):
+            reference = row["messages"][len(messages)]["content"]
     elif _present(row, "prompt"):
         prompt = _check_str(row, "prompt", where)
         messages = [{"role": "user", "content": prompt}]
@@ -136,6 +144,8 @@ def record_from_row(row: Any, *, default_id: str, where: str, source: str) -> Pr
     for key in ("answer_prefix", "max_new_tokens"):
         if _present(row, key):
             meta[key] = row[key]
+    if reference is not None:
+        meta["reference"] = reference
     meta["source"] = source
     return PromptRecord(id=rid, messages=messages, task=task, answer=answer, context=context,
                         question=question, metric=metric, meta=meta)
