@@ -1,5 +1,6 @@
 """Run an ablation of lookahead training settings and print one table: held-out and in-domain answers
-per budget, critical / mass recall and KL, with the `lkv` command behind every row.
+per budget, critical / mass recall, KL and the evicted cache's size, with the `lkv` command behind
+every row.
 
     python benchmarks/ablation.py benchmarks/ablations/small-budget.yaml --out runs/ablation
 
@@ -123,8 +124,10 @@ def _row(results: Path, method: str, budgets: list[str], key_budget: str) -> dic
     for b in budgets:
         row[f"score@{b}"] = answers.get("methods", {}).get(method, {}).get(b, {}).get("score")
     at = pred.get("budgets", {}).get(key_budget, {})
+    cache = answers.get("methods", {}).get(method, {}).get(key_budget, {})
     row.update({"critical_recall": at.get("critical_recall"), "critical_heads": at.get("critical_heads"),
-                "recall": at.get("recall"), "records": pred.get("records")})
+                "recall": at.get("recall"), "records": pred.get("records"),
+                "cache_ratio": cache.get("cache_ratio"), "padding_ratio": cache.get("padding_ratio")})
     return row
 
 
@@ -134,7 +137,7 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
     cmds = {(s["name"], s.get("set")): s["cmd"] for s in steps}
     for set_name in spec["eval_sets"]:
         head = ["setting", *[f"ans@{b}" for b in budgets], f"crit@{key_budget}", f"heads@{key_budget}",
-                f"recall@{key_budget}", "KL"]
+                f"recall@{key_budget}", "KL", f"cache@{key_budget}"]
         lines += [f"### {set_name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         plain, variants = baselines(spec)
         entries = [(m, "baselines", m) for m in plain] + [(v["name"], v["name"], v["method"]) for v in variants]
@@ -149,7 +152,7 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
             full = row["full"] if full is None else full
             rows.setdefault(set_name, {})[label] = row
             cells = [label, *[_fmt(row[f"score@{b}"]) for b in budgets], _fmt(row["critical_recall"]),
-                     _fmt(row["critical_heads"]), _fmt(row["recall"]), _fmt(row["kl"])]
+                     _fmt(row["critical_heads"]), _fmt(row["recall"]), _fmt(row["kl"]), _cache(row)]
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", f"full cache: {_fmt(full)}; records: "
                   f"{next(iter(rows.get(set_name, {}).values()), {}).get('records')}", ""]
@@ -158,6 +161,14 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
               for c in dict.fromkeys(tuple(s["cmd"]) for s in steps)]
     lines += ["```"]
     return rows, "\n".join(lines)
+
+
+def _cache(row: dict) -> str:
+    """The evicted cache's bytes as a share of the full cache's (its padding in brackets, if any)."""
+    if row.get("cache_ratio") is None:
+        return "-"
+    pad = row.get("padding_ratio") or 0.0
+    return f"{100 * row['cache_ratio']:.1f}%" + (f" ({100 * pad:.1f}% pad)" if pad > 0 else "")
 
 
 def _fmt(value) -> str:

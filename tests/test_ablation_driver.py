@@ -61,7 +61,7 @@ def test_table_reads_each_rows_results_and_skips_missing_ones(tmp_path):
     rows, text = ablation.table({**SPEC, "budgets": ["8", "16"]}, steps, "8")
     assert set(rows["held"]) == {"snapkv", "a"}  # b and a+tail have no results yet
     assert rows["held"]["a"]["score@8"] == 0.25 and rows["held"]["a"]["critical_recall"] == 0.4
-    assert "| a | 0.250 | 0.500 | 0.400 | 0.100 | 0.800 | 0.200 |" in text
+    assert "| a | 0.250 | 0.500 | 0.400 | 0.100 | 0.800 | 0.200 | - |" in text
     assert "full cache: 0.750; records: 3" in text and "### Commands" in text
 
 
@@ -92,6 +92,8 @@ def test_baseline_variants_run_on_their_own_with_their_overrides(tmp_path):
     folder.mkdir(parents=True)
     (folder / "results.json").write_text(json.dumps({
         "prediction": {"oracle": {"kl": 0.0, "records": 2, "budgets": {"8": {"recall": 0.9}}}},
-        "answers": {"full": {"score": 0.5}, "methods": {"oracle": {"8": {"score": 0.5}}}}}))
+        "answers": {"full": {"score": 0.5}, "methods": {"oracle": {"8": {"score": 0.5, "cache_ratio": 0.125,
+                                                                              "padding_ratio": 0.01}}}}}))
     rows, text = ablation.table({**spec, "budgets": ["8"]}, steps, "8")
-    assert rows["held"]["oracle-global"]["score@8"] == 0.5 and "| oracle-global | 0.500 |" in text
+    assert rows["held"]["oracle-global"]["score@8"] == 0.5
+    assert "| oracle-global | 0.500 | - | - | 0.900 | 0.000 | 12.5% (1.0% pad) |" in text

@@ -60,7 +60,8 @@ def aggregate_answers(rows: list[dict], methods: list[str], labels: list[str]) -
             out["methods"][name][label] = {
                 "score": _mean(r["score"] for r in sel), "agreement": _mean(r["agreement"] for r in sel),
                 "same_as_full": _mean(float(r["same_as_full"]) for r in sel),
-                "cache_ratio": _mean(r["cache_bytes_after"] / max(1, r["cache_bytes_before"]) for r in sel)}
+                "cache_ratio": _mean(r["cache_bytes_after"] / max(1, r["cache_bytes_before"]) for r in sel),
+                "padding_ratio": _mean(r.get("padding_bytes", 0) / max(1, r["cache_bytes_before"]) for r in sel)}
     for task in sorted({r["task"] or "-" for r in ans}):
         mine = [r for r in ans if (r["task"] or "-") == task]
         out["by_task"][task] = {"full": _mean(r["score"] for r in mine if r["method"] == "full")}
