@@ -137,13 +137,40 @@ class LookaheadKV:
         return compress(self.scorer, self.scorer.score(ctx), ctx.state, budget or self.default_budget)
 
     def generate(self, prompt, budget: int | float | str | None = None, max_new_tokens: int = 256, *,
-                 chat: bool = True) -> str:
-        """Greedy answer to ``prompt`` with its cache evicted to ``budget`` (see :meth:`evict`)."""
-        from .generate import greedy_decode, stop_token_ids
+                 chat: bool = True, do_sample: bool = False, temperature: float = 1.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int | None = None, stop: str | list[str] | None = None) -> str | list[str]:
+        """The answer to ``prompt`` with its cache evicted to ``budget`` (see :meth:`evict`).
 
-        state, _ = self.evict(prompt, budget, chat=chat)
-        tokens, _ = greedy_decode(self.model, state, max_new_tokens, stop_token_ids(self.model, self.tokenizer))
-        return self.tokenizer.decode(tokens, skip_special_tokens=True) if self.tokenizer else str(tokens)
+        Greedy by default; ``do_sample`` draws with ``temperature``, ``top_k``, ``top_p`` (``seed``: a
+        repeatable draw). ``stop``: strings that end the answer (kept in it, as transformers does).
+        A list of prompts (strings, or chat-message lists) is evicted prompt by prompt and decoded as
+        one batch, each continuing at its own position; it returns a list of answers.
+        """
+        from .generate import Sampling, decode_batch, stack_states, stop_token_ids
+
+        sampling = Sampling(do_sample, temperature, top_k, top_p, seed)
+        if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
+            raise LkvError(f"max_new_tokens={max_new_tokens!r}: must be a positive integer")
+        batch = isinstance(prompt, (list, tuple)) and bool(prompt) and all(
+            isinstance(p, (str, list, tuple, torch.Tensor)) for p in prompt)
+        prompts = list(prompt) if batch else [prompt]
+        stops = [stop] if isinstance(stop, str) else list(stop or [])
+        if stops and self.tokenizer is None:
+            raise LkvError("stop strings need a tokenizer: pass tokenizer= to from_pretrained")
+        states = [self.evict(p, budget, chat=chat)[0] for p in prompts]
+        state = stack_states(states) if len(states) > 1 else states[0]
+        ended = (lambda tokens: any(s in self.tokenizer.decode(tokens[-64:]) for s in stops)) if stops else None
+        rows = decode_batch(self.model, state, max_new_tokens, stop_token_ids(self.model, self.tokenizer),
+                            sampling=sampling, stop=ended)
+        answers = [self._text(row.tokens, stops) for row in rows]
+        return answers if batch else answers[0]
+
+    def _text(self, tokens: list[int], stops: list[str]) -> str:
+        if self.tokenizer is None:
+            return str(tokens)
+        text = self.tokenizer.decode(tokens, skip_special_tokens=True)
+        ends = [text.index(s) + len(s) for s in stops if s in text]
+        return text[: min(ends)] if ends else text
 
     def __repr__(self) -> str:
         base = self.meta["base_model"]

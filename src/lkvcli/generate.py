@@ -1,12 +1,15 @@
-"""Prefill and greedy decoding with explicit positions (decoding continues after eviction at position L)."""
+"""Prefill and decoding (greedy or sampled) with explicit positions: decoding continues after eviction
+at position L, and a batch of different prompts continues each at its own."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from .attention import key_padding
+from .errors import LkvError
 
 
 @dataclass
@@ -17,6 +20,53 @@ class Prefill:
     logits: torch.Tensor  # (batch, vocab), logits of the last prompt position
     next_position: int
     key_valid: dict | None = None  # layer -> (batch, slots) bool: real entries of rows padded to one length
+    row_positions: list[int] | None = None  # per row, when the rows are different prompts
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How each next token is chosen: the argmax (default), or drawn from the logits divided by
+    ``temperature`` and cut to the ``top_k`` best and the smallest set holding ``top_p`` of the
+    probability. With a ``seed`` every row draws from its own generator seeded with it, so a seeded
+    run repeats exactly and a row draws as it would alone."""
+
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+
+    def __post_init__(self):
+        if not (isinstance(self.temperature, (int, float)) and self.temperature > 0):
+            raise LkvError(f"temperature={self.temperature!r}: must be > 0 (for greedy decoding use do_sample=False)")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise LkvError(f"top_k={self.top_k!r}: must be a non-negative integer (0: no cut)")
+        if not (isinstance(self.top_p, (int, float)) and 0 < self.top_p <= 1):
+            raise LkvError(f"top_p={self.top_p!r}: must be in (0, 1] (1: no cut)")
+
+    def generators(self, rows: int, device) -> list:
+        if not self.do_sample or self.seed is None:
+            return [None] * rows
+        return [torch.Generator(device=device).manual_seed(int(self.seed)) for _ in range(rows)]
+
+    def pick(self, logits: torch.Tensor, generators: list) -> list[int]:
+        """The next token of every row of ``logits`` (rows, vocab)."""
+        if not self.do_sample:
+            return logits.argmax(-1).tolist()
+        scaled = logits.float() / self.temperature
+        if self.top_k and self.top_k < scaled.shape[-1]:
+            kth = scaled.topk(self.top_k, dim=-1).values[..., -1:]
+            scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+        if self.top_p < 1:
+            ordered, order = scaled.sort(dim=-1, descending=True)
+            probs = ordered.softmax(-1)
+            beaten = probs.cumsum(-1) - probs >= self.top_p  # the better tokens already hold top_p
+            scaled = scaled.masked_fill(torch.zeros_like(beaten).scatter(-1, order, beaten), float("-inf"))
+        probs = scaled.softmax(-1)
+        return [int(torch.multinomial(probs[j], 1, generator=g)) for j, g in enumerate(generators)]
+
+
+GREEDY = Sampling()
 
 
 def stop_token_ids(model, tokenizer=None) -> set[int]:
@@ -52,13 +102,13 @@ class Decoded:
 
 
 def stack_states(states: list[Prefill]) -> Prefill:
-    """One batch state from batch-1 states of one prompt evicted in several ways (they continue at
-    the same position). In a layer whose rows hold different numbers of entries, the shorter rows
-    are padded at the end to the longest, and ``key_valid`` marks the real slots."""
+    """One batch state from batch-1 states: one prompt evicted in several ways, or several prompts
+    (each row then continues at its own position, ``row_positions``). In a layer whose rows hold
+    different numbers of entries, the shorter rows are padded at the end to the longest, and
+    ``key_valid`` marks the real slots."""
     from .evict import fork_cache
 
-    if len({int(s.next_position) for s in states}) != 1:
-        raise ValueError("stacked states must continue at the same position")
+    positions = [int(s.next_position) for s in states]
     layers = [[s.cache.layers[i] for s in states] for i in range(len(states[0].cache.layers))]
     lengths = {i: [r.keys.shape[-2] for r in rows] for i, rows in enumerate(layers) if rows[0].keys is not None}
     cache, valid = fork_cache(states[0].cache), {}
@@ -74,8 +124,8 @@ def stack_states(states: list[Prefill]) -> Prefill:
             if padded:
                 parts = [torch.nn.functional.pad(t, (0, 0, 0, width - t.shape[-2])) for t in parts]
             setattr(layer, name, torch.cat(parts, dim=0) if len(parts) > 1 else parts[0])
-    return Prefill(cache=cache, logits=torch.cat([s.logits for s in states], dim=0),
-                   next_position=states[0].next_position, key_valid=valid or None)
+    return Prefill(cache=cache, logits=torch.cat([s.logits for s in states], dim=0), next_position=max(positions),
+                   key_valid=valid or None, row_positions=positions if len(set(positions)) > 1 else None)
 
 
 class _ReservedLayer:
@@ -139,62 +189,78 @@ def _keep_rows(state: Prefill, rows: torch.Tensor) -> None:
 
 
 @torch.inference_mode()
-def greedy_decode_batch(
+def decode_batch(
     model,
     state: Prefill,
     max_new_tokens: int,
     stop_ids: set[int] | frozenset = frozenset(),
     feed_last: bool = False,
+    sampling: Sampling = GREEDY,
+    stop: Callable[[list[int]], bool] | None = None,
 ) -> list[Decoded]:
-    """Greedy decoding of a batch whose rows continue at one position (``state.next_position``).
+    """Decode a batch whose rows continue at ``state.next_position`` (or each at its ``row_positions``).
 
-    Every row stops on its own (a stop token, or ``max_new_tokens``); finished rows leave the
-    batch, so the others decode exactly as they would alone up to float rounding of the batched
-    matmuls (see ``margins``). Positions continue from ``state.next_position`` whatever the cache
-    length, so an evicted cache decodes with the original positions. With ``feed_last`` the last
-    kept token is also run through the model, so every response token has had its query computed
-    (what the ground-truth capture needs). The state is updated in place while no row has left.
+    Every row stops on its own (a stop token, ``stop(tokens)`` turning true: reason ``"stop_string"``,
+    or ``max_new_tokens``); finished rows leave the batch, so the others decode exactly as they would
+    alone up to float rounding of the batched matmuls (see ``margins``). Positions continue from the
+    prompt's length whatever the cache length, so an evicted cache decodes with the original
+    positions. With ``feed_last`` the last kept token is also run through the model, so every
+    response token has had its query computed (what the ground-truth capture needs). The state is
+    updated in place while no row has left.
     """
     device = state.logits.device
     batch = state.logits.shape[0]
     rows = [Decoded([], "length", []) for _ in range(batch)]
     active = list(range(batch))
-    logits, position = state.logits, int(state.next_position)
+    positions = list(state.row_positions or [int(state.next_position)] * batch)
+    generators = sampling.generators(batch, device)
+    logits = state.logits
     for layer in state.cache.layers:
         _ReservedLayer.reserve(layer, max_new_tokens)
     for step in range(max_new_tokens):
         top = logits.topk(min(2, logits.shape[-1]), dim=-1).values
-        choice = logits.argmax(-1).tolist()
+        choice = sampling.pick(logits, generators)
         still = []
         for j, row in enumerate(active):
             rows[row].margins.append(float(top[j, 0] - top[j, -1]))
             if choice[j] in stop_ids:
                 rows[row].reason = "stop"
+                continue
+            rows[row].tokens.append(choice[j])
+            if stop is not None and stop(rows[row].tokens):
+                rows[row].reason = "stop_string"
             else:
-                rows[row].tokens.append(choice[j])
                 still.append(j)
         if not still or (step == max_new_tokens - 1 and not feed_last):
             break
         if len(still) < len(active):
             _keep_rows(state, torch.tensor(still, device=device))
-            active = [active[j] for j in still]
+            active, positions = [active[j] for j in still], [positions[j] for j in still]
+            generators = [generators[j] for j in still]
         with key_padding(state.key_valid):
             out = model(
                 input_ids=torch.tensor([[choice[j]] for j in still], device=device),
-                position_ids=torch.full((len(active), 1), position, device=device),
+                position_ids=torch.tensor(positions, device=device)[:, None],
                 cache=state.cache,
                 use_cache=True,
                 logits_to_keep=1,
             )
-        logits, position = out.logits[:, -1].float(), position + 1
+        logits, positions = out.logits[:, -1].float(), [p + 1 for p in positions]
     if len(active) == batch and all(r.reason == "length" for r in rows):
-        state.logits, state.next_position = logits, position
+        state.logits, state.next_position = logits, max(positions)
+        state.row_positions = positions if state.row_positions else None
     return rows
+
+
+def greedy_decode_batch(model, state: Prefill, max_new_tokens: int, stop_ids: set[int] | frozenset = frozenset(),
+                        feed_last: bool = False) -> list[Decoded]:
+    """Greedy :func:`decode_batch`."""
+    return decode_batch(model, state, max_new_tokens, stop_ids, feed_last)
 
 
 def greedy_decode(model, state: Prefill, max_new_tokens: int, stop_ids: set[int] | frozenset = frozenset(),
                   feed_last: bool = False) -> tuple[list[int], str]:
     """Greedy decoding (batch 1) from a prefill state; returns (tokens without the stop token, stop reason).
-    See :func:`greedy_decode_batch`."""
-    row = greedy_decode_batch(model, state, max_new_tokens, stop_ids, feed_last)[0]
+    See :func:`decode_batch`."""
+    row = decode_batch(model, state, max_new_tokens, stop_ids, feed_last)[0]
     return row.tokens, row.reason
