@@ -33,6 +33,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import key_padding
+from .compat import cache_kwargs
 from .errors import LkvError
 
 
@@ -226,7 +227,7 @@ def feed(model, state, input_ids: torch.Tensor):
     for a, b in chunks:
         positions = torch.arange(start + a, start + b, device=input_ids.device).expand(input_ids.shape[0], -1)
         with key_padding(getattr(state, "key_valid", None)):
-            out = model(input_ids=input_ids[:, a:b], position_ids=positions, cache=state.cache, use_cache=True,
+            out = model(input_ids=input_ids[:, a:b], position_ids=positions, **cache_kwargs(model, state.cache), use_cache=True,
                         logits_to_keep=1)
     state.logits, state.next_position = out.logits[:, -1].float(), start + n
     return state

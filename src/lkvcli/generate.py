@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import key_padding
+from .compat import cache_kwargs, output_cache
 from .errors import LkvError
 
 
@@ -86,8 +87,8 @@ def prefill(model, input_ids: torch.Tensor, **kwargs) -> Prefill:
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    out = model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1, **kwargs)
-    return Prefill(cache=out.cache if getattr(out, "cache", None) is not None else cache,
+    out = model(input_ids=input_ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1, **kwargs)
+    return Prefill(cache=output_cache(out) or cache,
                    logits=out.logits[:, -1].float(), next_position=input_ids.shape[1])
 
 
@@ -241,7 +242,7 @@ def decode_batch(
             out = model(
                 input_ids=torch.tensor([[choice[j]] for j in still], device=device),
                 position_ids=torch.tensor(positions, device=device)[:, None],
-                cache=state.cache,
+                **cache_kwargs(model, state.cache),
                 use_cache=True,
                 logits_to_keep=1,
             )

@@ -32,6 +32,7 @@ import torch
 from torch import nn
 
 from .attention import GROUP_REDUCTIONS, ROW_REDUCTIONS, attend_over, capture_attention
+from .compat import cache_kwargs
 from .errors import LkvError
 
 INITS = ("mean_embed", "random")
@@ -200,8 +201,9 @@ class LookaheadAdapter:
         if attention_mask is not None:
             attention_mask = attention_mask.to(self.device)
             positions = prompt_positions(attention_mask)
-        model.get_decoder()(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
-                            cache=cache, use_cache=True)
+        decoder = model.get_decoder()
+        decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions,
+                **cache_kwargs(decoder, cache), use_cache=True)
         return cache
 
     def score(self, cache, prompt_len: int | None = None, attention_mask=None,
@@ -232,8 +234,9 @@ class LookaheadAdapter:
                                     reduction=self.config.reduction,
                                     rows=query_reduction or self.config.query_reduction)
         with self.lora_on(), attend_over(cache), capture as capture:
-            model.get_decoder()(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
-                                cache=cache, use_cache=True)
+            decoder = model.get_decoder()
+            decoder(inputs_embeds=embeds, attention_mask=mask, position_ids=positions,
+                    **cache_kwargs(decoder, cache), use_cache=True)
         return capture.scores()
 
     def predict(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:

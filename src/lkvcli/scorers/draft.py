@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import torch
 
 from ..attention import capture_attention
+from ..compat import cache_kwargs
 from ..errors import LkvError
 from .base import ScoreContext, Scorer, register
 
@@ -67,7 +68,7 @@ class Draft(Scorer):
         positions = torch.arange(L, L + ids.shape[1], device=ctx.device)[None]
         with capture_attention(ctx.model, key_len=L, query_start=L, past_len=L, reduction=ctx.reduction) as cap:
             with torch.inference_mode():
-                ctx.model(input_ids=ids, position_ids=positions, cache=fork_cache(state.cache), use_cache=True,
+                ctx.model(input_ids=ids, position_ids=positions, **cache_kwargs(ctx.model, fork_cache(state.cache)), use_cache=True,
                           logits_to_keep=1)
         return cap.scores()
 

@@ -9,6 +9,7 @@ from typing import ClassVar, Literal
 import torch
 
 from ..attention import attend_over, capture_attention
+from ..compat import cache_kwargs
 from ..errors import LkvError
 from .base import ScoreContext, Scorer, position_ids, register
 
@@ -70,7 +71,8 @@ class KVzip(Scorer):
         capture = capture_attention(ctx.model, key_len=L, query_start=L + first_query, past_len=L,
                                     reduction="max", rows="max")
         with torch.inference_mode(), attend_over(ctx.state.cache), capture as cap:
-            ctx.model.get_decoder()(input_ids=feed, position_ids=positions, cache=ctx.state.cache, use_cache=True)
+            decoder = ctx.model.get_decoder()
+            decoder(input_ids=feed, position_ids=positions, **cache_kwargs(decoder, ctx.state.cache), use_cache=True)
         return cap.scores(renormalise=False)
 
     @staticmethod
