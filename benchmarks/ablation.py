@@ -13,7 +13,8 @@ or ``from: NAME`` to reuse another setting's adapter with only ``eval`` override
 their own, such as the oracle under ``scorers.oracle.allocation: global``.
 Every step is an ``lkv`` command run in a child process: collect, train and eval resume where they
 stopped, so re-running the same command continues and then re-prints the table.
-Writes OUT/ablation.json and OUT/ablation.md.
+Writes OUT/ablation.json, OUT/ablation.md and OUT/critical_by_layer-SET.png (critical recall per
+layer at the key budget, one line per row).
 """
 
 from __future__ import annotations
@@ -125,7 +126,8 @@ def _row(results: Path, method: str, budgets: list[str], key_budget: str) -> dic
         row[f"score@{b}"] = answers.get("methods", {}).get(method, {}).get(b, {}).get("score")
     at = pred.get("budgets", {}).get(key_budget, {})
     cache = answers.get("methods", {}).get(method, {}).get(key_budget, {})
-    row.update({"critical_recall": at.get("critical_recall"), "critical_heads": at.get("critical_heads"),
+    row.update({"critical_by_layer": at.get("critical_recall_by_layer"),
+                "critical_recall": at.get("critical_recall"), "critical_heads": at.get("critical_heads"),
                 "recall": at.get("recall"), "records": pred.get("records"),
                 "cache_ratio": cache.get("cache_ratio"), "padding_ratio": cache.get("padding_ratio")})
     return row
@@ -161,6 +163,35 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
               for c in dict.fromkeys(tuple(s["cmd"]) for s in steps)]
     lines += ["```"]
     return rows, "\n".join(lines)
+
+
+def plot_layers(spec: dict, rows: dict, steps: list[dict], key_budget: str, out: Path) -> list[Path]:
+    """OUT/critical_by_layer-SET.png: critical recall per layer at the key budget, one line per row."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return []
+    made = []
+    for set_name, entries in rows.items():
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for label, row in entries.items():
+            if row.get("critical_by_layer"):
+                ax.plot(range(len(row["critical_by_layer"])), row["critical_by_layer"], marker=".", label=label)
+        if not ax.lines:
+            plt.close(fig)
+            continue
+        ax.set(title=f"{set_name}: critical recall per layer at budget {key_budget}", xlabel="layer",
+               ylabel="share of fact tokens kept")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        made.append(out / f"critical_by_layer-{set_name}.png")
+        fig.savefig(made[-1], dpi=110)
+        plt.close(fig)
+    return made
 
 
 def _cache(row: dict) -> str:
@@ -203,7 +234,8 @@ def main(argv=None) -> None:
     rows, text = table(spec, steps, args.table_budget)
     (out / "ablation.json").write_text(json.dumps(rows, indent=1))
     (out / "ablation.md").write_text(text + "\n")
-    print(text)
+    plots = plot_layers(spec, rows, steps, args.table_budget, out)
+    print(text + "".join(f"\nplot: {p}" for p in plots))
 
 
 if __name__ == "__main__":

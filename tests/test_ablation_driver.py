@@ -5,6 +5,8 @@ import json
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 spec_ = importlib.util.spec_from_file_location("ablation", ROOT / "benchmarks" / "ablation.py")
 ablation = importlib.util.module_from_spec(spec_)
@@ -51,7 +53,8 @@ def test_table_reads_each_rows_results_and_skips_missing_ones(tmp_path):
     def write(setting, method, score, recall):
         folder = tmp_path / "results" / setting / "held"
         folder.mkdir(parents=True)
-        budgets = {b: {"recall": recall, "critical_recall": recall / 2, "critical_heads": 0.1} for b in ("8", "16")}
+        budgets = {b: {"recall": recall, "critical_recall": recall / 2, "critical_heads": 0.1,
+                       "critical_recall_by_layer": [recall / 4, recall]} for b in ("8", "16")}
         (folder / "results.json").write_text(json.dumps({
             "prediction": {method: {"kl": 0.2, "records": 3, "budgets": budgets}},
             "answers": {"full": {"score": 0.75}, "methods": {method: {"8": {"score": score}, "16": {"score": 0.5}}}}}))
@@ -63,6 +66,10 @@ def test_table_reads_each_rows_results_and_skips_missing_ones(tmp_path):
     assert rows["held"]["a"]["score@8"] == 0.25 and rows["held"]["a"]["critical_recall"] == 0.4
     assert "| a | 0.250 | 0.500 | 0.400 | 0.100 | 0.800 | 0.200 | - |" in text
     assert "full cache: 0.750; records: 3" in text and "### Commands" in text
+    assert rows["held"]["a"]["critical_by_layer"] == [0.2, 0.8]
+    pytest.importorskip("matplotlib")
+    (plot,) = ablation.plot_layers(SPEC, rows, steps, "8", tmp_path)
+    assert plot == tmp_path / "critical_by_layer-held.png" and plot.read_bytes()[:4] == b"\x89PNG"
 
 
 def test_dry_run_prints_commands_and_writes_no_log(tmp_path, capsys, monkeypatch):
