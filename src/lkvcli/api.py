@@ -71,11 +71,19 @@ class LookaheadKV:
         """Load a bundle (folder or Hub repo id) onto ``model`` (a transformers causal LM, modified in place:
         frozen, eval mode, lkv's attention, LoRA layers injected and off), or onto the base model named in
         the bundle when ``model`` is None. A model other than the one it was trained for is refused unless
-        ``allow_fingerprint_mismatch`` (for models that share the weights, e.g. a re-saved copy)."""
+        ``allow_fingerprint_mismatch`` (for models that share the weights, e.g. a re-saved copy). Loading the
+        same bundle onto the same model again returns the first object; another bundle is refused."""
         from .models import fingerprint, load_model, same_model
 
         bundle = read_bundle(resolve_bundle(path_or_repo_id, revision))
         base = bundle.meta["base_model"]
+        key = str(Path(bundle.folder).resolve())
+        attached = getattr(model, "_lkv_bundles", None) or {}
+        if key in attached:  # loaded onto this model before: the same object
+            return attached[key]
+        if attached:
+            raise LkvError(f"this model already carries the lkv bundle {next(iter(attached))}; load a fresh copy of "
+                           f"the model for {path_or_repo_id}")
         if model is None:
             loaded = _load_base(base, device, dtype, load_model)
             model, tokenizer, current = loaded.model, tokenizer or loaded.tokenizer, loaded.fingerprint
@@ -88,7 +96,9 @@ class LookaheadKV:
             raise LkvError(f"bundle {path_or_repo_id} was trained for {base['id'] or base['source']}, and this model "
                            "differs (config, tokenizer or weights fingerprint); load that model, or pass "
                            "allow_fingerprint_mismatch=True if this model shares its weights (e.g. a re-saved copy)")
-        return cls(attach_bundle(model, bundle.folder, bundle), tokenizer, bundle.meta)
+        kv = cls(attach_bundle(model, bundle.folder, bundle), tokenizer, bundle.meta)
+        model._lkv_bundles = {key: kv}
+        return kv
 
     @property
     def model(self):

@@ -1,0 +1,1 @@
+"""lkv adapters inside other libraries (each module imports its library only when used)."""
