@@ -33,9 +33,14 @@ def model(trained_run):
 
 @pytest.fixture(scope="module")
 def kv(bundle):
+    """The bundle in lkv, cutting with the uniform allocation that kvpress's count per head is."""
+    import dataclasses
+
     from lkvcli import LookaheadKV
 
-    return LookaheadKV.from_pretrained(bundle)
+    loaded = LookaheadKV.from_pretrained(bundle)
+    loaded.scorer = dataclasses.replace(loaded.scorer, allocation="uniform")
+    return loaded
 
 
 def press_for(bundle, **kwargs):

@@ -20,8 +20,10 @@ N = 4
 
 
 def attached(arch, seed=0, num_tokens=N):
-    """A tiny model with an adapter whose LoRA is non-zero (peft starts B at zero, a no-op)."""
-    adapter = LookaheadAdapter.attach(tiny_model(arch, seed), LookaheadConfig(num_tokens=num_tokens), seed=seed)
+    """A tiny model with an adapter whose LoRA is non-zero (peft starts B at zero, a no-op), scoring with the
+    mean over its queries (the references here average; the max has its own test)."""
+    config = LookaheadConfig(num_tokens=num_tokens, query_reduction="mean")
+    adapter = LookaheadAdapter.attach(tiny_model(arch, seed), config, seed=seed)
     gen = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         for name, p in adapter.named_parameters():

@@ -95,7 +95,8 @@ def test_record_target_mix_and_missing_max(tmp_path):
     expected = 0.75 * record.target + 0.25 * record.extras["max"]
     torch.testing.assert_close(mix, expected / expected.sum(-1, keepdim=True))
     assert record_target(record, ObjectiveConfig(target="max")) is record.extras["max"]
-    assert record_target(record, ObjectiveConfig()) is record.target
+    assert record_target(record, ObjectiveConfig(target="mean")) is record.target
+    assert ObjectiveConfig().target == "max"  # the default, chosen on held-out answers (docs/training.md)
     record.extras = {}
     with pytest.raises(LkvError, match="extra_targets=max"):
         record_target(record, ObjectiveConfig(target="max"))
@@ -142,7 +143,7 @@ def test_exclude_tasks_holds_records_out(task_targets, tmp_path):
 
 
 def test_max_objective_on_targets_without_max_fails_with_one_line(tmp_path):
-    plain = write_tiny_targets(tmp_path / "t", tiny_model("llama"), n=6)
+    plain = write_tiny_targets(tmp_path / "t", tiny_model("llama"), n=6, with_max=False)
     with pytest.raises(LkvError, match="objective.target=max needs max targets"):
         train(_config(plain, tmp_path / "run", objective=ObjectiveConfig(target="max")), loaded=tiny_loaded("llama"))
 

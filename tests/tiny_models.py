@@ -75,11 +75,11 @@ def tiny_loaded(arch: str = "llama", seed: int = 0):
 
 
 def write_tiny_targets(folder, model, n: int = 8, lengths: tuple[int, int] = (10, 24), response_len: int = 6,
-                       seed: int = 0, source: str = "tiny", with_text: bool = False, with_max: bool = False,
+                       seed: int = 0, source: str = "tiny", with_text: bool = False, with_max: bool = True,
                        tasks: tuple[str, ...] = ()):
     """A real targets folder: ground truth captured during greedy decoding of ``model`` on random prompts.
     ``with_text``: records carry the prompt as text for :func:`save_tiny_model`'s tokenizer, and its last
-    third as the question (what the ``context`` mode splits on). ``with_max``: also the max targets;
+    third as the question (what the ``context`` mode splits on). ``with_max``: also the max targets (as collect);
     ``tasks``: record i gets task ``tasks[i % len(tasks)]``."""
     from lkvcli.collect import ground_truth_targets
     from lkvcli.models import num_kv_heads, num_layers

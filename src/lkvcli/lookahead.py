@@ -53,7 +53,7 @@ class LookaheadConfig:
     lora_dropout: float = 0.0
     target_modules: list[str] | str = "all-linear"  # all-linear: every linear layer of attention and MLP
     reduction: str = "mean"  # how the query heads of a KV group are reduced (same as the targets')
-    query_reduction: str = "mean"  # how the N lookahead queries combine: their mean (the paper's) or their max
+    query_reduction: str = "max"  # how the N lookahead queries combine: their max (measured best) or their mean (the paper's)
 
     def validate(self) -> None:
         checks = [

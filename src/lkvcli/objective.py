@@ -39,7 +39,7 @@ LOSSES = ("kl", "listwise", "recall")
 class ObjectiveConfig:
     """The ``train.objective`` section."""
 
-    target: Literal["mean", "max", "mix"] = "mean"
+    target: Literal["mean", "max", "mix"] = "max"
     mix: float = 0.5  # weight of the max target in "mix"
     loss: Literal["kl", "listwise", "recall"] = "kl"
     temperature: float = 1.0  # listwise: tempering exponent 1/T; recall: hinge width in log-score units

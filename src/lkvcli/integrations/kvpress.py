@@ -10,12 +10,13 @@ tokens over the complete cache (lkv's own scorer, nothing added to the cache), t
 best entries of every full-attention layer and KV head in place, physically (lkv's eviction). So it
 works in kvpress's pipeline (the context is compressed, the question fed after: lkv's
 ``--mode context``) and under ``with press(model): model.generate(...)`` (prompt and question
-compressed together: lkv's whole mode). Entries kept per head: ``max(1, int(L * (1 - ratio)))``,
-as every kvpress press keeps, or a fixed ``budget``.
+compressed together: lkv's whole mode). Entries kept per layer and KV head (uniform allocation,
+as in every kvpress press that frees memory): ``max(1, int(L * (1 - ratio)))``, or a fixed ``budget``.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -78,9 +79,9 @@ class LookaheadKVPress(BasePress):
         if self._model is model:
             return
         kv = LookaheadKV.from_pretrained(self.bundle, model, allow_fingerprint_mismatch=self.allow_fingerprint_mismatch)
-        if kv.scorer.allocation != "uniform":
-            raise LkvError(f"bundle {self.bundle} scores with allocation={kv.scorer.allocation!r}; kvpress keeps one "
-                           "count per KV head, so use a bundle with uniform allocation")
+        # kvpress keeps one count per KV head (its head-adaptive presses only mask), so the bundle's
+        # scores are cut with lkv's uniform allocation whatever the bundle's own allocation
+        self._scorer = dataclasses.replace(kv.scorer, allocation="uniform")
         self._kv, self._model = kv, model
 
     @contextmanager
@@ -131,8 +132,8 @@ class LookaheadKVPress(BasePress):
         state = Prefill(cache=cache, logits=torch.zeros(1, 1), next_position=L)
         ctx = ScoreContext(model=self._kv.model, input_ids=input_ids, state=state, tokenizer=self._kv.tokenizer,
                            reduction=self._kv.reduction, resources={"adapter": self._kv.adapter})
-        scores = self._kv.scorer.score(ctx)
+        scores = self._scorer.score(ctx)
         self.last_scores = scores[0]
-        evicted, _ = compress(self._kv.scorer, scores, state, kept_per_head(L, self.compression_ratio, self.budget))
+        evicted, _ = compress(self._scorer, scores, state, kept_per_head(L, self.compression_ratio, self.budget))
         for layer, kept in zip(cache.layers, evicted.cache.layers):
             layer.keys, layer.values = kept.keys, kept.values
