@@ -165,7 +165,7 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
     return rows, "\n".join(lines)
 
 
-def plot_layers(spec: dict, rows: dict, steps: list[dict], key_budget: str, out: Path) -> list[Path]:
+def plot_layers(rows: dict, key_budget: str, out: Path) -> list[Path]:
     """OUT/critical_by_layer-SET.png: critical recall per layer at the key budget, one line per row."""
     try:
         import matplotlib
@@ -234,7 +234,7 @@ def main(argv=None) -> None:
     rows, text = table(spec, steps, args.table_budget)
     (out / "ablation.json").write_text(json.dumps(rows, indent=1))
     (out / "ablation.md").write_text(text + "\n")
-    plots = plot_layers(spec, rows, steps, args.table_budget, out)
+    plots = plot_layers(rows, args.table_budget, out)
     print(text + "".join(f"\nplot: {p}" for p in plots))
 
 

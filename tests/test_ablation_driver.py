@@ -68,7 +68,7 @@ def test_table_reads_each_rows_results_and_skips_missing_ones(tmp_path):
     assert "full cache: 0.750; records: 3" in text and "### Commands" in text
     assert rows["held"]["a"]["critical_by_layer"] == [0.2, 0.8]
     pytest.importorskip("matplotlib")
-    (plot,) = ablation.plot_layers(SPEC, rows, steps, "8", tmp_path)
+    (plot,) = ablation.plot_layers(rows, "8", tmp_path)
     assert plot == tmp_path / "critical_by_layer-held.png" and plot.read_bytes()[:4] == b"\x89PNG"
 
 

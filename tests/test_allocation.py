@@ -6,7 +6,7 @@ import torch
 from tiny_models import tiny_model
 
 from lkvcli.evict import cache_bytes, compress, evict, full_attention_layers, keep_indices
-from lkvcli.generate import Prefill, greedy_decode_batch, prefill, stack_states
+from lkvcli.generate import Prefill, decode_batch, prefill, stack_states
 from lkvcli.scorers import get_scorer
 
 
@@ -79,13 +79,13 @@ def test_decoding_over_padded_heads_equals_masking_the_full_cache(arch, allocati
                               for i, k in enumerate(ev.kept) if k is not None})  # slot 0 takes the -1 padding
     assert set(full.key_valid) == set(full_attention_layers(state.cache)) - {
         i for i, layer in enumerate(state.cache.layers) if getattr(layer, "is_sliding", False)}
-    a, b = greedy_decode_batch(model, small, 6)[0], greedy_decode_batch(model, full, 6)[0]
+    a, b = decode_batch(model, small, 6)[0], decode_batch(model, full, 6)[0]
     assert a.tokens == b.tokens
     assert max(abs(x - y) for x, y in zip(a.margins, b.margins)) < 1e-5
     # and in a batch next to a uniform eviction of the same prompt
     uniform, _ = compress(get_scorer("snapkv"), scores, state, 10)
-    rows = greedy_decode_batch(model, stack_states([small_again(scorer, scores, state), uniform]), 6)
-    assert rows[0].tokens == a.tokens and rows[1].tokens == greedy_decode_batch(
+    rows = decode_batch(model, stack_states([small_again(scorer, scores, state), uniform]), 6)
+    assert rows[0].tokens == a.tokens and rows[1].tokens == decode_batch(
         model, compress(get_scorer("snapkv"), scores, state, 10)[0], 6)[0].tokens
 
 

@@ -10,7 +10,7 @@ from tiny_models import save_tiny_model, write_tiny_targets
 from lkvcli.errors import LkvError
 from lkvcli.evaluate import EvalConfig, evaluate, evaluate_record_sequential, setup
 from lkvcli.evaluate.journal import PREDICTIONS
-from lkvcli.generate import Prefill, greedy_decode_batch, prefill, stack_states
+from lkvcli.generate import Prefill, decode_batch, prefill, stack_states
 from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig
 from lkvcli.models import load_model
 
@@ -83,9 +83,9 @@ def test_padded_batch_decodes_like_each_row_alone():
         singles.append(Prefill(cache, state.logits.clone(), state.next_position))
     batch = stack_states(singles)
     assert batch.key_valid is not None
-    rows = greedy_decode_batch(model, batch, 8)
+    rows = decode_batch(model, batch, 8)
     for single, row in zip(singles, rows):
-        alone = greedy_decode_batch(model, single, 8)[0]
+        alone = decode_batch(model, single, 8)[0]
         assert alone.tokens == row.tokens
         assert max(abs(a - b) for a, b in zip(alone.margins, row.margins)) < 1e-5
 

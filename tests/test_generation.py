@@ -54,8 +54,8 @@ def test_top_k_1_and_a_tiny_top_p_are_greedy(kv):
 
 def test_top_k_and_top_p_keep_only_their_tokens():
     logits = torch.tensor([[4.0, 3.0, 2.0, 1.0, 0.0]])
-    seen_k = {Sampling(True, top_k=2, seed=s).pick(logits, Sampling(True, seed=s).generators(1, "cpu"))[0]
-              for s in range(40)}
+    top2 = [Sampling(True, top_k=2, seed=s) for s in range(40)]
+    seen_k = {sampling.pick(logits, sampling.generators(1, "cpu"))[0] for sampling in top2}
     assert seen_k == {0, 1}
     probs = logits.softmax(-1)[0]  # .64 .24 .09 ...: the smallest set holding 0.8 is the first two
     assert probs[0] < 0.8 < probs[:2].sum()

@@ -19,6 +19,11 @@ def cache_kwargs(module, cache) -> dict:
     return {_cache_keyword(type(module)): cache}
 
 
+def cache_from_kwargs(kwargs: dict):
+    """The KV cache passed to a forward call, whichever keyword carried it (None without one)."""
+    return kwargs.get("cache", kwargs.get("past_key_values"))
+
+
 def output_cache(output):
     """The KV cache a forward returned (``output.cache`` or ``output.past_key_values``), or None."""
     for name in ("cache", "past_key_values"):

@@ -253,12 +253,6 @@ def decode_batch(
     return rows
 
 
-def greedy_decode_batch(model, state: Prefill, max_new_tokens: int, stop_ids: set[int] | frozenset = frozenset(),
-                        feed_last: bool = False) -> list[Decoded]:
-    """Greedy :func:`decode_batch`."""
-    return decode_batch(model, state, max_new_tokens, stop_ids, feed_last)
-
-
 def greedy_decode(model, state: Prefill, max_new_tokens: int, stop_ids: set[int] | frozenset = frozenset(),
                   feed_last: bool = False) -> tuple[list[int], str]:
     """Greedy decoding (batch 1) from a prefill state; returns (tokens without the stop token, stop reason).

@@ -13,7 +13,7 @@ For one record:
 3. **Score** each method, write its prediction rows.
 4. **Answer**: per batch, evict each member, stack the caches (rows holding fewer entries, in
    any layer, are padded and masked: :func:`lkvcli.generate.stack_states`), feed the tail
-   (``context`` mode) and decode greedily (:func:`lkvcli.generate.greedy_decode_batch`).
+   (``context`` mode) and decode greedily (:func:`lkvcli.generate.decode_batch`, greedy by default).
 
 :func:`evaluate_record_sequential` is the one-method-at-a-time reference the engine replaced
 (its own prefill per method, one decode per budget); tests and ``benchmarks/bench_eval.py``
@@ -31,7 +31,7 @@ import torch
 
 from ..attention import normalise
 from ..evict import budget_label, compress, feed, full_attention_layers, resolve_budget
-from ..generate import greedy_decode_batch, stack_states
+from ..generate import decode_batch, stack_states
 from ..scorers import prepare
 from ..scorers.base import ScoreContext, prepare_shared
 from .metrics import answer_score, copied_runs, prediction_metrics, rouge_l
@@ -141,13 +141,13 @@ def answer_batches(run, job: RecordJob) -> list[list[tuple[str, str]]]:
     return [variants[i : i + size] for i in range(0, len(variants), size)]
 
 
-def decode_batch(run, job: RecordJob, state, members: list[tuple[str, str, object, torch.Tensor]]) -> list[dict]:
+def answer_batch(run, job: RecordJob, state, members: list[tuple[str, str, object, torch.Tensor]]) -> list[dict]:
     """Evict the shared prefill ``state`` once per member ``(method, budget, scorer, scores)``, decode
     all of them as one batch (caches of different sizes padded and masked); rows in member order."""
     evicted = [compress(scorer, scores, state, job.sizes[label]) for _, label, scorer, scores in members]
     batch = stack_states([s for s, _ in evicted])
     feed(run.model, batch, job.tail.expand(len(members), -1))
-    decoded = greedy_decode_batch(run.model, batch, job.limit, run.stop_ids)
+    decoded = decode_batch(run.model, batch, job.limit, run.stop_ids)
     return [job.answer_row(run.tokenizer, name, label, d, ev)
             for (name, label, _, _), (_, ev), d in zip(members, evicted, decoded)]
 
@@ -181,7 +181,7 @@ def evaluate_record(run, record, journal, want_pred: bool, want_ans: bool, timin
     state = contexts[needed[0]].state
     with timed(timings, "decode_s", run.device):
         for batch in batches:
-            for row in decode_batch(run, job, state, [(n, b, run.methods[n], scores[n]) for n, b in batch]):
+            for row in answer_batch(run, job, state, [(n, b, run.methods[n], scores[n]) for n, b in batch]):
                 journal.write(row)
     timings.records += 1
     return len(journal.rows) - written
@@ -220,5 +220,5 @@ def evaluate_record_sequential(run, record, want_pred: bool = True, want_ans: bo
         if want_pred:
             rows += job.prediction_rows(name, scorer, scored.scores, list(job.sizes), scored.ctx.state)
         for label in job.sizes if want_ans else []:
-            rows += decode_batch(run, job, scored.ctx.state, [(name, label, scorer, scored.scores)])
+            rows += answer_batch(run, job, scored.ctx.state, [(name, label, scorer, scored.scores)])
     return rows

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..compat import cache_from_kwargs
 from ..errors import LkvError
 
 try:
@@ -78,7 +79,8 @@ class LookaheadKVPress(BasePress):
 
         if self._model is model:
             return
-        kv = LookaheadKV.from_pretrained(self.bundle, model, allow_fingerprint_mismatch=self.allow_fingerprint_mismatch)
+        kv = LookaheadKV.from_pretrained(self.bundle, model, revision=self.revision,
+                                         allow_fingerprint_mismatch=self.allow_fingerprint_mismatch)
         # kvpress keeps one count per KV head (its head-adaptive presses only mask), so the bundle's
         # scores are cut with lkv's uniform allocation whatever the bundle's own allocation
         self._scorer = dataclasses.replace(kv.scorer, allocation="uniform")
@@ -96,15 +98,12 @@ class LookaheadKVPress(BasePress):
             for handle in handles:
                 handle.remove()
 
-    @staticmethod
-    def _cache_of(kwargs):
-        return kwargs.get("cache", kwargs.get("past_key_values"))
-
     def _before(self, module, args, kwargs):
-        cache = self._cache_of(kwargs)
+        cache = cache_from_kwargs(kwargs)
         ids = kwargs.get("input_ids", args[0] if args else None)
-        self._prefill = (not self._busy and cache is not None and cache.get_seq_length() == 0 and ids is not None
-                         and self.compression_ratio + (self.budget or 0) > 0)
+        compressing = self.budget is not None or self.compression_ratio > 0
+        self._prefill = (compressing and not self._busy and cache is not None and cache.get_seq_length() == 0
+                         and ids is not None)
         self._ids = ids
 
     def _after(self, module, args, kwargs, output):
@@ -113,7 +112,7 @@ class LookaheadKVPress(BasePress):
         self._prefill = False
         self._busy = True
         try:
-            self.compress_cache(self._cache_of(kwargs), self._ids)
+            self.compress_cache(cache_from_kwargs(kwargs), self._ids)
         finally:
             self._busy = False
         return None
