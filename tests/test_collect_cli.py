@@ -3,22 +3,14 @@
 import json
 
 import pytest
-from helpers import tiny_llama_folder
-from typer.testing import CliRunner
+from helpers import lkv, one_line_error, tiny_llama_folder
 
-from lkvcli.cli import app
 from lkvcli.targets import TargetsReader
-
-runner = CliRunner()
 
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
     return tiny_llama_folder(tmp_path_factory.mktemp("tiny") / "model", max_positions=160)
-
-
-def lkv(*args):
-    return runner.invoke(app, [str(a) for a in args])
 
 
 def write_jsonl(path, rows):
@@ -29,17 +21,6 @@ def write_jsonl(path, rows):
 ROWS = [{"id": "a", "prompt": "Name a colour."}, {"id": "b", "context": "Tom has a red hat.", "question": "What colour?",
                                                   "answer": "red"},
         {"id": "c", "messages": [{"role": "user", "content": "Say hi."}]}]
-
-
-def one_line_error(result, *needles):
-    assert result.exit_code != 0
-    assert "Traceback" not in result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.output
-    text = errors[0]
-    for needle in needles:
-        assert needle in text, text
-    return text
 
 
 def test_collect_end_to_end_then_resume(tiny_dir, tmp_path):

@@ -10,7 +10,8 @@ from helpers import smollm2_folder, tiny_llama_folder
 from typer.testing import CliRunner
 
 from lkvcli.cli import app
-from lkvcli.collect import chat_ids, critical_spans
+from lkvcli.chat import chat_ids
+from lkvcli.collect import critical_spans
 from lkvcli.evaluate.aggregate import aggregate_prediction
 from lkvcli.evaluate.metrics import copied_runs, prediction_metrics
 from lkvcli.prompts import load_prompts

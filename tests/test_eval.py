@@ -3,31 +3,15 @@
 import json
 
 import pytest
-from helpers import tiny_llama_folder
-from typer.testing import CliRunner
+from helpers import lkv, one_line_error, tiny_llama_folder
 
-from lkvcli.cli import app
 from lkvcli.evaluate import answer_score, context_split, rouge_l
 from lkvcli.report import summary_rows
 from lkvcli.targets import TargetsReader
 
-runner = CliRunner()
 ROWS = [{"id": f"q{i}", "context": "The red fox jumps over the lazy dog near the river. " * (5 + i),
          "question": f"What colour is fox number {i}?", "answer": "red", "task": "colour"} for i in range(3)]
 ROWS.append({"id": "open", "prompt": "Write a short poem about the sea and the moon. " * 6, "task": "poem"})
-
-
-def lkv(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, *needles):
-    assert result.exit_code != 0, result.output
-    assert "Traceback" not in result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.output
-    for needle in needles:
-        assert needle in errors[0], errors[0]
 
 
 @pytest.fixture(scope="module")
@@ -42,14 +26,17 @@ def setup_dir(tmp_path_factory):
 
 
 def _adapter(root, model_folder, name, seed=0, val_ids=None):
+    from lkvcli.adapter_folder import save_adapter
     from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig
     from lkvcli.models import load_model
+    from lkvcli.runs import RunInfo, write_run_info
 
     loaded = load_model(str(model_folder), device="cpu")
     adapter = LookaheadAdapter.attach(loaded.model, LookaheadConfig(num_tokens=3), seed=seed)
     run = root / name
-    adapter.save(run / "adapter", {"model": {"source": str(model_folder), "fingerprint": loaded.fingerprint}})
-    (run / "run.json").write_text(json.dumps({"val_ids": val_ids or []}))
+    model = {"source": str(model_folder), "fingerprint": loaded.fingerprint}
+    save_adapter(adapter, run / "adapter", {"model": model})
+    write_run_info(run, RunInfo(model=model, val_ids=val_ids or []))
     return run
 
 
@@ -89,12 +76,52 @@ def test_overhead_part_and_json_output(setup_dir, tmp_path):
             "--parts", "overhead", "--out", tmp_path / "o", "--repeats", "2", "--overhead-prompts", "1",
             "scorers.snapkv.window=4")
     assert r.exit_code == 0, r.output
-    methods = json.loads((tmp_path / "o" / "results.json").read_text())["overhead"]["methods"]
+    overhead = json.loads((tmp_path / "o" / "results.json").read_text())["overhead"]
+    assert overhead["budget"] == "8" and overhead["repeats"] == 2 and len(overhead["prompts"]) == 1  # as asked
+    methods = overhead["methods"]
     assert set(methods) == {"plain", "snapkv", "streamingllm"}
-    assert methods["plain"]["overhead_pct"] == 0 and methods["snapkv"]["repeats"] == 2
+    assert all(entry["repeats"] == 2 for entry in methods.values())
+    plain = methods["plain"]  # the baseline: a real prefill, no scoring, no eviction, the cache kept whole
+    assert plain["prefill_s"] > 0 and plain["ttft_s"] >= plain["prefill_s"]  # the first token comes after prefill
+    assert plain["score_s"] == plain["evict_s"] == 0 and plain["cache_bytes_after"] == plain["cache_bytes_before"]
+    for name, entry in methods.items():  # every row is relative to plain's medians, as reported
+        added = entry["prefill_s"] - plain["prefill_s"] + entry["score_s"] + entry["evict_s"]
+        assert entry["scoring_s"] == pytest.approx(added, rel=1e-9, abs=1e-12), name
+        assert entry["scoring_pct"] == pytest.approx(100 * added / plain["prefill_s"], rel=1e-9, abs=1e-9), name
+        assert entry["overhead_pct"] == pytest.approx(100 * (entry["ttft_s"] - plain["ttft_s"]) / plain["ttft_s"],
+                                                      rel=1e-9, abs=1e-9), name
     assert methods["snapkv"]["cache_bytes_after"] < methods["snapkv"]["cache_bytes_before"]
+    assert methods["snapkv"]["cache_bytes_before"] == plain["cache_bytes_before"]  # the same prompt, prefilled
     assert (tmp_path / "o" / "plots" / "overhead.png").is_file()
     assert json.loads((tmp_path / "o" / "config.json").read_text())["scorers"]["snapkv"]["window"] == 4
+
+
+def test_overhead_table_is_relative_to_plain_prefill():
+    """The overhead arithmetic exactly, on made-up timings (a fake clock): per method the median of each
+    timing, then time to first token and the time added before it, against plain prefill's medians."""
+    from lkvcli.evaluate import overhead_table
+
+    def run(prefill, score, evict, ttft, before=1000, after=1000):
+        return {"prefill_s": prefill, "score_s": score, "evict_s": evict, "ttft_s": ttft,
+                "cache_bytes_before": before, "cache_bytes_after": after, "peak_mb": None}
+
+    samples = {  # three repeats each, out of order: the medians are the middle values, not the means
+        "plain": [run(0.5, 0, 0, 2.0), run(0.25, 0, 0, 1.0), run(4.0, 0, 0, 8.0)],  # medians: prefill .5, ttft 2
+        "slow": [run(1.0, 0.25, 0.125, 3.0, after=250), run(0.75, 0.5, 0.25, 9.0, after=250),
+                 run(0.5, 0.125, 0.0, 2.5, after=250)],  # medians: prefill .75, score .25, evict .125, ttft 3
+        "fast": [run(0.5, 0, 0, 1.5), run(0.5, 0, 0, 1.0), run(0.5, 0, 0, 1.0)],  # ttft median 1: faster than plain
+    }
+    table = overhead_table(samples)
+    assert set(table) == {"plain", "slow", "fast"}
+    plain, slow, fast = table["plain"], table["slow"], table["fast"]
+    assert (plain["prefill_s"], plain["ttft_s"], plain["repeats"]) == (0.5, 2.0, 3)
+    assert plain["overhead_pct"] == 0 and plain["scoring_s"] == 0 and plain["scoring_pct"] == 0
+    assert (slow["prefill_s"], slow["score_s"], slow["evict_s"], slow["ttft_s"]) == (0.75, 0.25, 0.125, 3.0)
+    assert slow["scoring_s"] == 0.625  # (0.75 - 0.5) + 0.25 + 0.125
+    assert slow["scoring_pct"] == 125.0  # 0.625 / 0.5
+    assert slow["overhead_pct"] == 50.0  # (3 - 2) / 2
+    assert slow["cache_bytes_after"] == 250 and slow["peak_mb"] is None and slow["repeats"] == 3
+    assert fast["overhead_pct"] == -50.0 and fast["scoring_s"] == 0  # (1 - 2) / 2: a method may beat plain
 
 
 def test_bad_inputs_fail_with_one_clear_line(setup_dir, tmp_path):
@@ -141,13 +168,9 @@ def test_answer_metrics():
     assert answer_score("a poem", None, "agreement", "a poem") == 1.0
 
 
-def test_adapter_from_a_training_run_and_from_its_bundle(tmp_path):
+def test_adapter_from_a_training_run_and_from_its_bundle(trained_run, tmp_path):
     """A real `lkv train` run (its validation split is used) and its `lkv export` bundle score identically."""
-    from test_export import _RUNS, make_run
-
-    if "run" not in _RUNS:
-        _RUNS["run"] = make_run(tmp_path / "trained")
-    run = _RUNS["run"]["run"]
+    run = trained_run["run"]
     targets = run.parent / "targets"
     val_ids = json.loads((run / "run.json").read_text())["val_ids"]
     r = lkv("eval", "--targets", targets, "--adapter", run, "--methods", "lookahead", "--budgets", "4",

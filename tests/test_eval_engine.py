@@ -1,10 +1,9 @@
 """The eval engine (one shared prefill, batched decoding, the resumable journal) against the
 one-method-at-a-time reference, on tiny models of several architectures and on SmolLM2."""
 
-import json
-
 import pytest
 import torch
+from helpers import assert_rows_match, key, rows_of
 from tiny_models import save_tiny_model, write_tiny_targets
 
 from lkvcli.errors import LkvError
@@ -15,30 +14,6 @@ from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig
 from lkvcli.models import load_model
 
 METHODS = ["lookahead", "snapkv", "pyramidkv", "tova", "h2o", "streamingllm", "oracle", "draft", "kvzip", "knorm", "random"]
-TIE = 1e-4  # a greedy choice this close may flip under a batched float32 matmul
-
-
-def key(row):
-    return (row["id"], row["method"], row["budget"], row["part"])
-
-
-def assert_rows_match(reference: list[dict], engine: list[dict]) -> int:
-    """Prediction rows equal; answers identical unless the reference's greedy choice was a near-tie
-    (returns how many were)."""
-    new = {key(r): r for r in engine}
-    assert set(new) == {key(r) for r in reference}
-    ties = 0
-    for a in reference:
-        b = new[key(a)]
-        if a["part"] == "prediction":
-            assert {k: a[k] for k in ("kl", "recall", "recall_nosink", "overlap")} == \
-                   {k: b[k] for k in ("kl", "recall", "recall_nosink", "overlap")}, key(a)
-        elif a["answer_text"] != b["answer_text"]:
-            assert a["margin_min"] <= TIE, (key(a), a["answer_text"], b["answer_text"], a["margin_min"])
-            ties += 1
-    return ties
-
-
 def tiny_run(tmp_path, arch, mode="whole", budgets=("3", "6", "12", "1.0"), methods=METHODS, **extra):
     folder = save_tiny_model(arch, tmp_path / f"model-{arch}")
     loaded = load_model(str(folder), device="cpu")
@@ -50,10 +25,6 @@ def tiny_run(tmp_path, arch, mode="whole", budgets=("3", "6", "12", "1.0"), meth
                         parts=["prediction", "answers"], out=str(tmp_path / f"out-{arch}-{mode}"), split="all",
                         mode=mode, device="cpu", **extra)
     return setup(config, loaded=loaded, adapter=adapter)
-
-
-def rows_of(folder) -> list[dict]:
-    return [json.loads(line) for line in (folder / PREDICTIONS).read_text().splitlines()]
 
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2", "gemma3"])
@@ -106,9 +77,9 @@ def test_resume_after_an_interrupt_gives_the_same_aggregates(tmp_path):
     run = tiny_run(tmp_path / "b", "llama", methods=["snapkv", "pyramidkv", "oracle"])
     seen = []
 
-    def stop_after_two(kind, **info):
-        if kind == "advance":
-            seen.append(info)
+    def stop_after_two(event):
+        if event.kind == "advance":
+            seen.append(event)
             if len(seen) == 2:
                 raise KeyboardInterrupt
 

@@ -5,86 +5,24 @@ import json
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_llama_folder
-from typer.testing import CliRunner
-
-from lkvcli.cli import app
-
-runner = CliRunner()
-PROMPT = "Tell me about item 3, then about item 5. " * 3
-_RUNS: dict = {}
-
-
-def lkv(*args):
-    return runner.invoke(app, [str(a) for a in args])
-
-
-def one_line_error(result, *needles):
-    assert result.exit_code != 0
-    assert "Traceback" not in result.output
-    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
-    assert len(errors) == 1, result.output
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    return errors[0]
-
-
-def bundle_files(folder: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(Path(folder).rglob("*")) if p.is_file()}
-
-
-def make_run(root: Path) -> dict:
-    """A tiny Llama (SmolLM2 tokenizer), targets from `lkv collect`, and 4 training steps with 2 checkpoints."""
-    from lkvcli.lookahead import LookaheadConfig
-    from lkvcli.train import TrainConfig, train
-
-    model = tiny_llama_folder(root / "model", max_positions=256)
-    prompts = root / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"id": f"p{i}", "prompt": f"Tell me about item {i}. " * (2 + i % 3)}) + "\n"
-                               for i in range(6)))
-    r = lkv("collect", "--model", model, "--data", prompts, "--out", root / "targets", "--max-new-tokens", 4,
-            "--device", "cpu")
-    assert r.exit_code == 0, r.output
-    config = TrainConfig(model=str(model), data=[str(root / "targets")], out=str(root / "run"), steps=4, batch_size=2,
-                         val_split=2, lr=5e-2, lookahead=LookaheadConfig(num_tokens=4), checkpoint_every=2,
-                         eval_every=2, device="cpu", dtype="float32")
-    train(config)
-    return {"model": model, "run": root / "run"}
-
-
-@pytest.fixture(scope="session")
-def trained_run(tmp_path_factory):
-    """Built once per session (other test modules import this fixture)."""
-    if "run" not in _RUNS:
-        _RUNS["run"] = make_run(tmp_path_factory.mktemp("trained"))
-    return _RUNS["run"]
-
-
-@pytest.fixture(scope="session")
-def bundle(trained_run, tmp_path_factory):
-    """The latest checkpoint exported with the model check (built once per session)."""
-    if "bundle" not in _RUNS:
-        out = tmp_path_factory.mktemp("bundles") / "lookaheadkv-tiny"
-        r = lkv("--json", "export", trained_run["run"], "--out", out)
-        assert r.exit_code == 0, r.output
-        _RUNS["bundle"] = out
-    return _RUNS["bundle"]
+from helpers import PROMPT, bundle_files, lkv, one_line_error, smollm2_folder
 
 
 def test_bundle_files_and_metadata(trained_run, bundle):
     from safetensors.torch import load_file
 
-    from lkvcli.bundle import read_checkpoint
     from lkvcli.models import load_model
+    from lkvcli.runs import read_checkpoint_adapter
 
     assert sorted(bundle_files(bundle)) == ["README.md", "adapter_config.json", "adapter_model.safetensors", "lkv.json",
                                             "lookahead_embeddings.safetensors"]
-    ckpt = read_checkpoint(trained_run["run"])
-    assert ckpt.name == "step-000004"
+    ckpt = read_checkpoint_adapter(trained_run["run"])
+    assert ckpt.folder.parent.name == "step-000004"
+    for name in ("adapter_model.safetensors", "lookahead_embeddings.safetensors"):  # copied, byte for byte
+        assert (bundle / name).read_bytes() == (ckpt.folder / name).read_bytes()
     lora, emb = load_file(bundle / "adapter_model.safetensors"), load_file(bundle / "lookahead_embeddings.safetensors")
     assert set(lora) == set(ckpt.lora) and all(torch.equal(lora[k], ckpt.lora[k]) for k in lora)
     assert torch.equal(emb["embeddings"], ckpt.embeddings)
@@ -142,14 +80,14 @@ def test_eval_results_go_into_the_card(trained_run, bundle, tmp_path):
 
 def test_round_trip_in_a_fresh_process(trained_run, bundle, tmp_path):
     """Scores from the checkpoint in this (training) process == scores from the bundle in a new process."""
-    from lkvcli.collect import chat_ids
-    from lkvcli.lookahead import LookaheadAdapter
+    from lkvcli.chat import chat_ids
+    from lkvcli.adapters import load_adapter
     from lkvcli.models import load_model
 
     loaded = load_model(str(trained_run["model"]), device="cpu")
     ids = torch.tensor([chat_ids(loaded.tokenizer, [{"role": "user", "content": PROMPT}])[0]])
     ckpt = trained_run["run"] / "checkpoints" / "step-000004" / "adapter"
-    reference = LookaheadAdapter.load(loaded.model, ckpt).predict(ids)[0]
+    reference = load_adapter(ckpt, loaded.model)[0].predict(ids)[0]
     torch.save({"ids": ids, "scores": reference}, tmp_path / "reference.pt")
     script = textwrap.dedent(f"""
         import json, torch
@@ -212,7 +150,7 @@ def test_corrupted_checkpoint(trained_run, tmp_path):
     import shutil
 
     run = shutil.copytree(trained_run["run"], tmp_path / "run")
-    weights = run / "checkpoints" / "step-000004" / "adapter" / "adapter.safetensors"
+    weights = run / "checkpoints" / "step-000004" / "adapter" / "adapter_model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     one_line_error(lkv("export", run, "--out", tmp_path / "b"), "unreadable", "--checkpoint", "step-000002")
     assert not (tmp_path / "b").exists() and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
@@ -237,21 +175,17 @@ def test_damaged_bundle_is_refused(bundle, tmp_path):
 @pytest.mark.slow
 def test_smollm2_bundle_size(tmp_path):
     """SmolLM2-135M, default 32 tokens, rank 8 on every linear layer: an untrained adapter's bundle."""
-    from helpers import smollm2_folder
-
-    from lkvcli.bundle import export
+    from lkvcli.export import export
     from lkvcli.lookahead import LookaheadAdapter
     from lkvcli.models import load_model
-    from lkvcli.train import TrainConfig, save_checkpoint
+    from lkvcli.runs import save_checkpoint
 
     smollm2_folder()
     loaded = load_model("smollm2-135m-instruct", device="cpu")
     params = sum(p.numel() for p in loaded.model.parameters())
     adapter = LookaheadAdapter.attach(loaded.model)
-    optimizer = torch.optim.AdamW([p for _, p in adapter.named_parameters()])
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     run = tmp_path / "run"
-    save_checkpoint(run, 0, adapter, optimizer, scheduler, TrainConfig(), 0, keep=1)
+    save_checkpoint(run, 0, adapter=adapter, states={}, position=0, seed=0, config={}, keep=1)
     (run / "run.json").write_text(json.dumps({"format": "lkv-run", "version": 1, "model": {
         "source": loaded.source, "fingerprint": loaded.fingerprint}}))
     summary = export(run, tmp_path / "bundle", check_model=False)

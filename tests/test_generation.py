@@ -4,19 +4,12 @@ that repeats, top-k / top-p cuts, stop strings, and one-line errors for bad sett
 
 import pytest
 import torch
-from test_export import PROMPT, bundle, trained_run  # noqa: F401 (fixtures)
+from helpers import PROMPT
 
 from lkvcli.errors import LkvError
 from lkvcli.generate import Sampling
 
 PROMPTS = [PROMPT, "Say item 4. " * 5, "Items 1, 2 and 3. " * 7]
-
-
-@pytest.fixture(scope="module")
-def kv(bundle):
-    from lkvcli import LookaheadKV
-
-    return LookaheadKV.from_pretrained(bundle)
 
 
 def test_greedy_with_room_for_the_whole_prompt_is_plain_model_generate(kv):

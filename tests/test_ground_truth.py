@@ -64,7 +64,6 @@ def test_stop_token_is_not_part_of_the_response():
 
 
 def test_fingerprint_is_stable_across_dtypes_and_differs_across_weights():
-    from tiny_models import TinyTokenizer
 
     from lkvcli.models import fingerprint, same_model
 

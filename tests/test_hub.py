@@ -15,7 +15,7 @@ from http.server import BaseHTTPRequestHandler, HTTPServer
 from urllib.parse import unquote, urlparse
 
 import pytest
-from test_export import bundle_files, lkv, one_line_error, trained_run  # noqa: F401 (fixture)
+from helpers import bundle_files, lkv, one_line_error
 
 pytestmark = pytest.mark.filterwarnings("ignore:Use .content=:DeprecationWarning")  # inside huggingface_hub
 TOKEN = "hf_fakeTOKEN_do_not_leak_8c1f0e"

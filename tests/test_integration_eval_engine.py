@@ -9,11 +9,11 @@ import sys
 import time
 
 import pytest
-from helpers import smollm2_folder
-from test_eval_engine import assert_rows_match, key, rows_of
+from helpers import assert_rows_match, key, rows_of, smollm2_folder
 
 from lkvcli.evaluate import EvalConfig, evaluate, evaluate_record_sequential, setup
 from lkvcli.evaluate.journal import PREDICTIONS
+from lkvcli.adapter_folder import save_adapter
 from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig
 from lkvcli.models import load_model
 
@@ -33,7 +33,8 @@ def real(tmp_path_factory):
     loaded = load_model("smollm2-135m-instruct", device="cpu")
     adapter = LookaheadAdapter.attach(loaded.model, LookaheadConfig(num_tokens=8))
     run_dir = root / "adapter-run"
-    adapter.save(run_dir / "adapter", {"model": {"source": "smollm2-135m-instruct", "fingerprint": loaded.fingerprint}})
+    save_adapter(adapter, run_dir / "adapter", {"model": {"source": "smollm2-135m-instruct",
+                                                          "fingerprint": loaded.fingerprint}})
     return root, targets, loaded, adapter, run_dir
 
 

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from test_export import PROMPT, bundle, trained_run  # noqa: F401 (fixtures)
+from helpers import PROMPT, lkv, tiny_llama_folder
 
 from lkvcli.errors import LkvError
 
@@ -33,7 +33,8 @@ def model(trained_run):
 
 @pytest.fixture(scope="module")
 def kv(bundle):
-    """The bundle in lkv, cutting with the uniform allocation that kvpress's count per head is."""
+    """The bundle in lkv (overriding conftest's ``kv`` in this module), cutting with the uniform allocation
+    that kvpress's count per head is."""
     import dataclasses
 
     from lkvcli import LookaheadKV
@@ -115,7 +116,6 @@ def test_bad_settings_fail_with_one_line(bundle, kwargs, message):
 
 
 def test_a_bundle_for_another_model_is_refused(bundle, tmp_path):
-    from helpers import tiny_llama_folder
     from transformers import AutoModelForCausalLM
 
     other = AutoModelForCausalLM.from_pretrained(tiny_llama_folder(tmp_path / "other", seed=1, max_positions=256))
@@ -130,8 +130,6 @@ def test_readme_snippet_runs_as_written(trained_run, tmp_path, monkeypatch):
     import io
     import re
     from pathlib import Path
-
-    from test_export import lkv
 
     pytest.importorskip("kvpress")
     blocks = re.findall(r"```python\n(.*?)```", (Path(__file__).resolve().parents[1] / "README.md").read_text(), re.S)

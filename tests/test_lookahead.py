@@ -2,9 +2,12 @@
 
 import pytest
 import torch
+from helpers import attached, prompt
 from tiny_models import ARCHS, tiny_model
 from transformers import DynamicCache
 
+from lkvcli.adapter_folder import read_adapter, save_adapter
+from lkvcli.adapters import attach
 from lkvcli.errors import LkvError
 from lkvcli.lookahead import (
     LookaheadAdapter,
@@ -16,24 +19,7 @@ from lkvcli.lookahead import (
     unpad_scores,
 )
 
-N = 4
-
-
-def attached(arch, seed=0, num_tokens=N):
-    """A tiny model with an adapter whose LoRA is non-zero (peft starts B at zero, a no-op), scoring with the
-    mean over its queries (the references here average; the max has its own test)."""
-    config = LookaheadConfig(num_tokens=num_tokens, query_reduction="mean")
-    adapter = LookaheadAdapter.attach(tiny_model(arch, seed), config, seed=seed)
-    gen = torch.Generator().manual_seed(seed + 1)
-    with torch.no_grad():
-        for name, p in adapter.named_parameters():
-            if "lora_B" in name:
-                p.copy_(torch.randn(p.shape, generator=gen) * 0.3)
-    return adapter
-
-
-def prompt(length=20, batch=1, seed=0):
-    return torch.randint(1, 127, (batch, length), generator=torch.Generator().manual_seed(seed))
+N = 4  # helpers.attached's default number of lookahead tokens
 
 
 def full_forward(model, ids):
@@ -122,8 +108,9 @@ def test_left_padded_batch_equals_per_example(arch):
 
 def test_save_and_load_round_trip(tmp_path):
     adapter = attached("qwen2")
-    adapter.save(tmp_path / "adapter", {"note": "x"})
-    loaded = LookaheadAdapter.load(tiny_model("qwen2"), tmp_path / "adapter")
+    save_adapter(adapter, tmp_path / "adapter", {"note": "x"})
+    loaded = attach(tiny_model("qwen2"), read_adapter(tmp_path / "adapter"))
+    assert read_adapter(tmp_path / "adapter").meta["note"] == "x"
     assert loaded.config.target_modules == adapter.config.target_modules
     ids = prompt(12)
     with torch.no_grad():

@@ -6,7 +6,7 @@ import copy
 import pytest
 import torch
 import torch.nn.functional as F
-from test_lookahead import attached, prompt
+from helpers import attached, prompt
 from transformers import DynamicCache
 
 from lkvcli.attention import attend_over, split_attention
@@ -60,7 +60,8 @@ def assert_untouched(cache, before):
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_scores_and_gradients_equal_eager_reference(arch):
-    """Left-padded batch under grad: scores within 1e-6, gradients of embeddings and LoRA within 1e-5,
+    """Left-padded batch under grad: scores within 1e-6, gradients of embeddings and LoRA within 1e-5
+    (relative to the largest entry),
     and the cache left exactly as found."""
     adapter = attached(arch)
     ids, mask = left_pad([prompt(n, seed=n)[0] for n in (9, 21, 14)])
@@ -82,8 +83,9 @@ def test_scores_and_gradients_equal_eager_reference(arch):
     ref = scores.detach() * mask[:, None, None, :]  # pad columns: 0 in both (the reference renormalises after)
     torch.testing.assert_close(fast, ref, atol=1e-6, rtol=0)
     assert grads[0].keys() == grads[1].keys() and any("lora_A" in n for n in grads[0])
-    for name in grads[0]:
-        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-5, rtol=1e-4, msg=name)
+    for name in grads[0]:  # float32 sums of many terms: the tolerance scales with the largest entry
+        scale = max(1.0, float(grads[1][name].abs().max()))
+        torch.testing.assert_close(grads[0][name], grads[1][name], atol=1e-5 * scale, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -123,7 +123,7 @@ def test_training_under_other_objectives_lowers_their_loss(task_targets, tmp_pat
     events = []
     summary = train(_config(task_targets, tmp_path / "run", objective=objective), loaded=tiny_loaded("llama"),
                     on_event=events.append)
-    losses = [e["loss"] for e in events if e.get("event") == "step"]
+    losses = [e.data["loss"] for e in events if e.kind == "advance"]
     assert losses[-1] < losses[0]
     assert summary["val_kl"] < summary["val_kl_start"]  # the validation KL (mean target) falls too
 

@@ -3,6 +3,7 @@
 import pytest
 import yaml
 
+from lkvcli.commands.export import load_export_config
 from lkvcli.commands.pipeline import _steps
 from lkvcli.errors import LkvError
 
@@ -17,7 +18,9 @@ def test_fresh_pipeline_runs_every_step(tmp_path, monkeypatch):
     steps = _steps(RECIPE, str(path))
     assert [name for name, _ in steps] == ["collect", "train", "eval", "export"]
     assert steps[1][1] == ["train", str(path)]
-    assert steps[3][1] == ["export", "RUN", "--out", "BUNDLE", "--overwrite", "--eval", "RES"]
+    assert steps[3][1] == ["export", str(path), "--overwrite"]
+    export = load_export_config(str(path), {}, [])  # what `lkv export RECIPE` resolves
+    assert (export.run, export.out, export.eval) == ("RUN", "BUNDLE", None)  # no results yet
 
 
 def test_rerun_resumes_training_and_keeps_a_finished_eval(tmp_path, monkeypatch):
@@ -26,9 +29,12 @@ def test_rerun_resumes_training_and_keeps_a_finished_eval(tmp_path, monkeypatch)
     (tmp_path / "RUN" / "checkpoints" / "latest").write_text("step-000010\n")
     (tmp_path / "RES").mkdir()
     (tmp_path / "RES" / "results.json").write_text("{}")
+    (tmp_path / "RUN" / "checkpoints" / "step-000010" / "adapter").mkdir(parents=True)
+    (tmp_path / "r.yaml").write_text(yaml.safe_dump(RECIPE))
     steps = dict(_steps(RECIPE, "r.yaml"))
     assert steps["train"] == ["train", "r.yaml", "resume=true"]
-    assert "eval" not in steps and steps["export"][-2:] == ["--eval", "RES"]
+    assert "eval" not in steps and steps["export"] == ["export", "r.yaml", "--overwrite"]
+    assert load_export_config("r.yaml", {}, []).eval == "RES"
 
 
 def test_recipe_without_train_is_refused():

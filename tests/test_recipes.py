@@ -127,16 +127,17 @@ def test_recipe_trains_one_step_on_tiny_model_of_same_architecture(recipe, tiny_
 
     assert summary["steps"] == 1 and math.isfinite(summary["loss"]) and math.isfinite(summary["val_kl"])
     assert (run / "checkpoints" / "latest").read_text().strip() == "step-000001"
-    assert (run / "checkpoints" / "step-000001" / "adapter" / "adapter.safetensors").is_file()
-    start = next(e for e in events if e["event"] == "start")
-    assert start["trainable_parameters"] > 0
-    assert json.loads((run / "run.json").read_text())["trainable_parameters"] == start["trainable_parameters"]
+    assert (run / "checkpoints" / "step-000001" / "adapter" / "adapter_model.safetensors").is_file()
+    start = next(e for e in events if e.kind == "start")
+    assert start.data["trainable_parameters"] > 0
+    assert json.loads((run / "run.json").read_text())["trainable_parameters"] == start.data["trainable_parameters"]
 
     meta = json.loads((run / "adapter" / "lookahead.json").read_text())["config"]
     assert sorted(meta["target_modules"]) == LINEAR_KINDS
     assert (meta["num_tokens"], meta["lora_rank"], meta["lora_alpha"]) == (32, 8, 32)
-    tensors = load_file(str(run / "adapter" / "adapter.safetensors"))
-    assert tuple(tensors["embeddings"].shape) == (32, tiny.hidden_size)
+    tensors = load_file(str(run / "adapter" / "adapter_model.safetensors"))
+    embeddings = load_file(str(run / "adapter" / "lookahead_embeddings.safetensors"))["embeddings"]
+    assert tuple(embeddings.shape) == (32, tiny.hidden_size)
     for kind in LINEAR_KINDS:
         adapted = [k for k in tensors if f".{kind}." in k and "lora_A" in k]
         assert len(adapted) == tiny.num_hidden_layers, f"{kind}: LoRA on {len(adapted)} layers"

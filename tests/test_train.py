@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
+from helpers import one_line_error
 from tiny_models import save_tiny_model, tiny_loaded, tiny_model, write_tiny_targets
 from typer.testing import CliRunner
 
+from lkvcli.adapter_folder import read_adapter
+from lkvcli.adapters import attach
 from lkvcli.cli import app
 from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig
 from lkvcli.targets import TargetsReader
@@ -33,7 +35,8 @@ def make_config(targets, out, **changes) -> TrainConfig:
 
 
 def final_weights(run) -> dict:
-    return load_file(str(Path(run) / "adapter" / "adapter.safetensors"))
+    files = read_adapter(Path(run) / "adapter")
+    return {**files.lora, "embeddings": files.embeddings}
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -102,12 +105,13 @@ def test_training_lowers_val_kl_and_writes_run_folder(targets, tmp_path):
     assert info["model"]["fingerprint"]["weights"] and len(info["val_ids"]) == 4 and info["lkv_version"]
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics[0] == {"step": 0, "val_kl": summary["val_kl_start"]} and metrics[-1]["step"] == 12
-    assert [e["event"] for e in events][:2] == ["start", "eval"] and events[-1]["event"] == "done"
+    assert [e.kind for e in events][:2] == ["start", "note"] and events[-1].kind == "done"
+    assert events[-1].data["val_kl"] == summary["val_kl"] and events[1].data["val_kl"] == summary["val_kl_start"]
     checkpoint = run / "checkpoints" / (run / "checkpoints" / "latest").read_text().strip()
     files = {p.name for p in checkpoint.rglob("*") if p.is_file()}
     assert files and all(f.endswith((".json", ".safetensors")) for f in files)  # no pickles
     assert not list((run / "checkpoints").glob(".tmp-*"))
-    adapter = LookaheadAdapter.load(tiny_model("llama"), run / "adapter")
+    adapter = attach(tiny_model("llama"), read_adapter(run / "adapter"))
     assert torch.equal(adapter.embeddings.detach(), final_weights(run)["embeddings"])
 
 
@@ -115,7 +119,7 @@ def test_resume_after_interrupt_equals_straight_run(targets, tmp_path):
     straight = train(make_config(targets, tmp_path / "a", steps=20, checkpoint_every=4), loaded=tiny_loaded())
 
     def interrupt_at_10(event):
-        if event["event"] == "step" and event["step"] == 10:
+        if event.kind == "advance" and event.done == 10:
             raise KeyboardInterrupt
 
     config = make_config(targets, tmp_path / "b", steps=20, checkpoint_every=4)
@@ -167,14 +171,6 @@ def test_two_processes_equal_one_process(targets, tmp_path):
 runner = CliRunner()
 
 
-def one_line_error(result, *needles):
-    text = result.output.strip()
-    assert result.exit_code != 0, text
-    assert len(text.splitlines()) == 1 and "Traceback" not in text, text
-    for needle in needles:
-        assert needle in text, text
-
-
 @pytest.mark.parametrize("body, needle", [
     ("train:\n  data: [{data}]\n  learning_rate: 0.1\n", "learning_rate"),
     ("train:\n  data: [{data}]\n  steps: many\n", "steps"),
@@ -185,17 +181,17 @@ def one_line_error(result, *needles):
 def test_bad_recipes_fail_with_one_line(targets, tmp_path, body, needle):
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text(body.format(data=targets))
-    one_line_error(runner.invoke(app, ["train", str(recipe), f"out={tmp_path / 'run'}"]), needle)
+    one_line_error(runner.invoke(app, ["train", str(recipe), f"out={tmp_path / 'run'}"]), needle, alone=True)
 
 
 def test_bad_override_fails_with_one_line(targets, tmp_path):
-    one_line_error(runner.invoke(app, ["train", "--data", str(targets), "schedule=wavy"]), "schedule")
+    one_line_error(runner.invoke(app, ["train", "--data", str(targets), "schedule=wavy"]), "schedule", alone=True)
 
 
 def test_foreign_targets_are_refused(targets, tmp_path):
     other = save_tiny_model("llama", tmp_path / "other-model", seed=1)
     result = runner.invoke(app, ["train", "--model", str(other), "--data", str(targets), "--out", str(tmp_path / "r")])
-    one_line_error(result, "collected for model", "fingerprints differ")
+    one_line_error(result, "collected for model", "fingerprints differ", alone=True)
 
 
 def test_cli_trains_from_recipe_with_overrides(targets, tmp_path):
@@ -206,9 +202,9 @@ def test_cli_trains_from_recipe_with_overrides(targets, tmp_path):
     result = runner.invoke(app, ["train", str(recipe), "--steps", "3", "--out", str(run), "lookahead.num_tokens=4",
                                  "lr=0.005"])
     assert result.exit_code == 0, result.output
-    assert "step 3/3" in result.output and "val KL" in result.output
+    assert "train: 3/3 loss" in result.output and "val KL" in result.output
     config = json.loads((run / "config.json").read_text())
     assert config["steps"] == 3 and config["lr"] == 0.005 and config["lookahead"]["num_tokens"] == 4
-    assert (run / "adapter" / "adapter.safetensors").is_file()
+    assert (run / "adapter" / "adapter_model.safetensors").is_file()
     help_text = runner.invoke(app, ["train", "--help"]).output
     assert "lookahead.num_tokens=32" in help_text and "--resume" in help_text

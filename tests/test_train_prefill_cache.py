@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file
 from tiny_models import tiny_loaded, tiny_model, write_tiny_targets
 
+from lkvcli.adapter_folder import read_adapter
 from lkvcli.errors import LkvError
 from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig, left_pad
 from lkvcli.targets import TargetsReader
@@ -24,7 +24,8 @@ def run(targets, out, **changes) -> tuple[dict, dict, list]:
     values = dict(data=[str(targets)], out=str(out), steps=12, batch_size=2, lr=1e-2, val_split=4, eval_every=3,
                   checkpoint_every=0, lookahead=LookaheadConfig(num_tokens=4, lora_dropout=0.1))
     summary = train(TrainConfig(**{**values, **changes}), loaded=tiny_loaded())
-    weights = load_file(str(Path(out) / "adapter" / "adapter.safetensors"))
+    files = read_adapter(Path(out) / "adapter")
+    weights = {**files.lora, "embeddings": files.embeddings}
     metrics = [{k: v for k, v in json.loads(line).items() if k not in ("steps_per_s", "time_s")}
                for line in (Path(out) / "metrics.jsonl").read_text().splitlines()]
     return summary, weights, metrics
@@ -50,7 +51,7 @@ def test_resume_may_change_the_budget(targets, tmp_path):
     _, straight, _ = run(targets, tmp_path / "a", checkpoint_every=4)
 
     def interrupt_at_6(event):
-        if event["event"] == "step" and event["step"] == 6:
+        if event.kind == "advance" and event.done == 6:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):

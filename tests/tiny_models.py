@@ -82,7 +82,7 @@ def write_tiny_targets(folder, model, n: int = 8, lengths: tuple[int, int] = (10
     third as the question (what the ``context`` mode splits on). ``with_max``: also the max targets (as collect);
     ``tasks``: record i gets task ``tasks[i % len(tasks)]``."""
     from lkvcli.collect import ground_truth_targets
-    from lkvcli.models import num_kv_heads, num_layers
+    from lkvcli.shapes import num_kv_heads, num_layers
     from lkvcli.targets import TargetsWriter, new_manifest
 
     settings = {"max_new_tokens": response_len, "reduction": "mean", "storage": "dense",

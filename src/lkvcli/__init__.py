@@ -1,6 +1,6 @@
 """lkv: distil and measure LookaheadKV adapters for causal language models."""
 
-__version__ = "0.1.0"
+from .version import __version__
 __all__ = ["LookaheadKV", "__version__"]
 
 

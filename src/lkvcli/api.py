@@ -14,8 +14,15 @@ from pathlib import Path
 
 import torch
 
-from .bundle import attach_bundle, read_bundle
+from .adapters import attach
+from .bundle import read_bundle
+from .chat import chat_ids
 from .errors import LkvError
+from .evict import compress
+from .generate import Sampling, decode_batch, stack_states, stop_token_ids
+from .hub import check_repo_id, endpoint
+from .models import fingerprint, load_model, resolve_model_path, same_model
+from .scorers import get_scorer, prepare
 
 
 def resolve_bundle(path_or_repo_id: str | Path, revision: str | None = None) -> Path:
@@ -24,8 +31,6 @@ def resolve_bundle(path_or_repo_id: str | Path, revision: str | None = None) -> 
     if path.exists():
         return path
     from huggingface_hub import snapshot_download
-
-    from .hub import check_repo_id, endpoint
 
     repo_id = check_repo_id(str(path_or_repo_id))
     try:
@@ -44,8 +49,6 @@ def _find_tokenizer(model, bundle_meta: dict):
         if not source:
             continue
         try:
-            from .models import resolve_model_path
-
             return AutoTokenizer.from_pretrained(resolve_model_path(source)[0])
         except (OSError, ValueError, LkvError):
             continue
@@ -56,8 +59,6 @@ class LookaheadKV:
     """A lookahead module attached to a causal LM, with its tokenizer and scoring settings."""
 
     def __init__(self, adapter, tokenizer, meta: dict):
-        from .scorers import get_scorer
-
         self.adapter, self.tokenizer, self.meta = adapter, tokenizer, meta
         options = {k: v for k, v in meta["scoring"].items() if k not in ("method", "reduction")}
         self.scorer = get_scorer("lookahead", **options)
@@ -73,8 +74,6 @@ class LookaheadKV:
         the bundle when ``model`` is None. A model other than the one it was trained for is refused unless
         ``allow_fingerprint_mismatch`` (for models that share the weights, e.g. a re-saved copy). Loading the
         same bundle onto the same model again returns the first object; another bundle is refused."""
-        from .models import fingerprint, load_model, same_model
-
         bundle = read_bundle(resolve_bundle(path_or_repo_id, revision))
         base = bundle.meta["base_model"]
         key = str(Path(bundle.folder).resolve())
@@ -96,7 +95,7 @@ class LookaheadKV:
             raise LkvError(f"bundle {path_or_repo_id} was trained for {base['id'] or base['source']}, and this model "
                            "differs (config, tokenizer or weights fingerprint); load that model, or pass "
                            "allow_fingerprint_mismatch=True if this model shares its weights (e.g. a re-saved copy)")
-        kv = cls(attach_bundle(model, bundle.folder, bundle), tokenizer, bundle.meta)
+        kv = cls(attach(model, bundle.adapter), tokenizer, bundle.meta)
         model._lkv_bundles = {key: kv}
         return kv
 
@@ -113,7 +112,6 @@ class LookaheadKV:
         elif isinstance(prompt, (list, tuple)) and all(isinstance(t, int) for t in prompt):
             ids = torch.tensor([list(prompt)])
         else:
-            from .collect import chat_ids
 
             if self.tokenizer is None:
                 raise LkvError("no tokenizer for this model: pass tokenizer= to from_pretrained, or token ids")
@@ -127,8 +125,6 @@ class LookaheadKV:
         return ids.to(self.adapter.device)
 
     def _context(self, prompt, chat: bool):
-        from .scorers import prepare
-
         return prepare(self.scorer, self.model, self.encode(prompt, chat), tokenizer=self.tokenizer,
                        reduction=self.reduction, resources={"adapter": self.adapter})
 
@@ -141,8 +137,6 @@ class LookaheadKV:
         """Prefill, score and evict: ``(Prefill, Eviction)`` (:mod:`lkvcli.generate`, :mod:`lkvcli.evict`), the
         cache holding ``budget`` entries per layer and KV head (an int, or a ratio of the prompt in (0, 1];
         default: the bundle's recommended one); decode from it with :func:`lkvcli.generate.greedy_decode`."""
-        from .evict import compress
-
         ctx = self._context(prompt, chat)
         return compress(self.scorer, self.scorer.score(ctx), ctx.state, budget or self.default_budget)
 
@@ -156,8 +150,6 @@ class LookaheadKV:
         A list of prompts (strings, or chat-message lists) is evicted prompt by prompt and decoded as
         one batch, each continuing at its own position; it returns a list of answers.
         """
-        from .generate import Sampling, decode_batch, stack_states, stop_token_ids
-
         sampling = Sampling(do_sample, temperature, top_k, top_p, seed)
         if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 1:
             raise LkvError(f"max_new_tokens={max_new_tokens!r}: must be a positive integer")

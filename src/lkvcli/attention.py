@@ -17,6 +17,8 @@ from contextlib import contextmanager
 import torch
 import torch.nn.functional as F
 
+from .shapes import num_layers
+
 ATTENTION_NAME = "lkv_sdpa"
 GROUP_REDUCTIONS = ("mean", "max")
 ROW_REDUCTIONS = ("mean", "max")
@@ -338,7 +340,6 @@ def register_attention() -> None:
 def capture_attention(model, key_len: int, query_start: int, **kwargs):
     """Activate an :class:`AttentionCapture` for the model's forward calls inside the block (nested
     blocks stack: every active capture observes the same forward calls)."""
-    from .models import num_layers
 
     if model.config._attn_implementation != ATTENTION_NAME:
         raise RuntimeError(f"model must use attn_implementation={ATTENTION_NAME!r}; call lkvcli.models.prepare_model")

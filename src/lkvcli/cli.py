@@ -6,7 +6,7 @@ import importlib
 
 import typer
 
-from . import __version__
+from .version import __version__
 from .commands.common import STATE
 
 app = typer.Typer(

@@ -16,19 +16,24 @@ import time
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Literal
+from typing import Literal
 
 import torch
 
 from .attention import capture_attention
+from .chat import chat_ids
+from .config import Validated
 from .errors import LkvError
 from .generate import greedy_decode, prefill, stop_token_ids
-from .models import DEFAULT_MODEL, LoadedModel, chat_template_digest, context_length, load_model, num_kv_heads, num_layers
+from .models import DEFAULT_MODEL, LoadedModel, chat_template_digest, load_model
+from .progress import Event, Listener, ignore
+from .prompts import PromptSourceError, load_prompts, needs_tokenizer
+from .shapes import context_length, num_kv_heads, num_layers
 from .targets import TargetsWriter, new_manifest
 
 
 @dataclass
-class CollectConfig:
+class CollectConfig(Validated):
     """Settings of ``lkv collect`` (recipe section ``collect``)."""
 
     model: str = DEFAULT_MODEL
@@ -102,18 +107,6 @@ class CollectSummary:
     seconds: float = 0.0
 
 
-def chat_ids(tokenizer, messages: list[dict]) -> tuple[list[int], str]:
-    """Token ids and text of the chat-formatted prompt (with the assistant turn opened)."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    else:
-        text = "\n\n".join(m["content"] for m in messages)
-        if getattr(tokenizer, "bos_token", None):
-            text = tokenizer.bos_token + text
-    ids = tokenizer(text, add_special_tokens=False).input_ids
-    return list(ids), text
-
-
 def critical_spans(tokenizer, text: str, prompt) -> list[dict] | None:
     """The prompt's ``critical_chars`` (character spans in its last message) as token spans
     ``{"fact", "text", "span": [start, end)}`` of the chat-formatted ``text``: every token that
@@ -157,15 +150,13 @@ def ground_truth_targets(model, prompt_ids: torch.Tensor, max_new_tokens: int, s
     return tokens, {name: cap.scores()[0] for name, cap in caps.items()}, reason
 
 
-def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_event: Callable | None = None) -> CollectSummary:
+def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_event: Listener | None = None) -> CollectSummary:
     """Run a collection; resumable (records already in the folder are skipped). Never prints.
 
-    ``on_event(kind, **info)`` receives ``start`` (total), ``record`` (summary so far) and
-    ``skip`` (reason) events for progress displays.
+    ``on_event`` receives :class:`~lkvcli.progress.Event`s: ``start``, then one ``advance`` per
+    prompt (written or skipped; ``data["summary"]`` holds the summary so far).
     """
-    from .prompts import PromptSourceError, load_prompts, needs_tokenizer
-
-    emit = on_event or (lambda kind, **info: None)
+    emit = on_event or ignore
     config.apply_launcher_env(dict(os.environ))
     config.validate()
 
@@ -201,8 +192,16 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
     limit_ctx = context_length(model)
     stop_ids = stop_token_ids(model, tokenizer)
     device = loaded.device
-    emit("start", total=len(mine), done=summary.already_done)
+    emit(Event("start", "collect", summary.already_done, len(mine), f"{summary.already_done}/{len(mine)} already done"))
     started = time.perf_counter()
+
+    def advance(skipped: str | None = None) -> None:
+        summary.seconds = time.perf_counter() - started
+        rate = (summary.prompt_tokens + summary.response_tokens) / max(summary.seconds, 1e-9)
+        done = summary.already_done + summary.written + summary.skipped_too_long + summary.skipped_empty
+        emit(Event("advance", "collect", done, len(mine), f"records, {rate:,.0f} tok/s, "
+                   f"{summary.response_tokens} generated" + (f" (skipped: {skipped})" if skipped else ""),
+                   data={"summary": summary}))
     try:
         for index, prompt in todo:
             ids, text = chat_ids(tokenizer, prompt.messages)
@@ -213,14 +212,14 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
                         f"exceeds the model's context of {limit_ctx}; shorten it, or drop --strict to skip such prompts"
                     )
                 summary.skipped_too_long += 1
-                emit("skip", reason="too_long", id=prompt.id, summary=summary)
+                advance(f"{prompt.id} too long")
                 continue
             prompt_ids = torch.tensor([ids], device=device)
             tokens, targets, reason = ground_truth_targets(model, prompt_ids, config.max_new_tokens, stop_ids,
                                                            config.reduction, tuple(sorted(set(config.extra_targets))))
             if not targets:
                 summary.skipped_empty += 1
-                emit("skip", reason="empty_response", id=prompt.id, summary=summary)
+                advance(f"{prompt.id} empty response")
                 continue
             meta = {
                 "id": prompt.id, "index": index, "task": prompt.task, "answer": prompt.answer,
@@ -236,8 +235,7 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
             summary.written += 1
             summary.prompt_tokens += len(ids)
             summary.response_tokens += len(tokens)
-            summary.seconds = time.perf_counter() - started
-            emit("record", summary=summary)
+            advance()
     finally:
         writer.close()
         summary.seconds = time.perf_counter() - started

@@ -21,6 +21,17 @@ from .errors import LkvError
 T = TypeVar("T")
 
 
+class Validated:
+    """Dataclass mixin: :meth:`validate` runs whenever an instance is built (``Config(**meta)`` read
+    from a file, ``dataclasses.replace``, a recipe), so a config in hand is a valid one."""
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise LkvError naming the first bad field; subclasses check their own fields."""
+
+
 def _type_name(tp) -> str:
     return getattr(tp, "__name__", str(tp).replace("typing.", ""))
 
@@ -104,13 +115,9 @@ def from_dict(cls: type[T], data: dict, where: str = "") -> T:
         field_where = f"{where}.{name}" if where else name
         kwargs[name] = _coerce(value, hints[name], field_where)
     try:
-        obj = cls(**kwargs)
+        return cls(**kwargs)  # a Validated config checks itself here
     except TypeError as exc:
         raise LkvError(f"{where or cls.__name__}: {exc}") from exc
-    validate = getattr(obj, "validate", None)
-    if validate:
-        validate()
-    return obj
 
 
 def to_dict(obj) -> dict:

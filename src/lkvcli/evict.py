@@ -27,7 +27,6 @@ Every method goes through :func:`keep_indices` and :func:`evict`; only the score
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -35,6 +34,10 @@ import torch
 from .attention import key_padding
 from .compat import cache_kwargs
 from .errors import LkvError
+from .generate import Prefill, fork_cache
+
+
+DEFAULT_BUDGETS = ["64", "128", "256", "512"]  # entries per KV head that `lkv eval` measures by default
 
 
 def parse_budget(value) -> int | float:
@@ -168,14 +171,6 @@ def cache_bytes(cache) -> int:
     return total
 
 
-def fork_cache(cache):
-    """A cheap copy whose layers can be extended without touching ``cache`` (tensors are shared;
-    DynamicCache layers grow by concatenation, never in place)."""
-    new = copy.copy(cache)
-    new.layers = [copy.copy(layer) for layer in cache.layers]
-    return new
-
-
 def evict(cache, kept: list[torch.Tensor | None]) -> Eviction:
     """Gather the kept entries of every full-attention layer into a new, smaller cache. Index -1
     (heads keeping fewer entries than their layer's longest) becomes a zero slot masked out by
@@ -238,8 +233,6 @@ def compress(scorer, scores: torch.Tensor, state, budget: int | float, *, attent
 
     Returns ``(Prefill over the evicted cache, Eviction)``; the input state is untouched.
     """
-    from .generate import Prefill
-
     L, layers = scores.shape[-1], scores.shape[1]
     per_layer = scorer.layer_budgets(resolve_budget(budget, L), layers, L)
     kept = keep_indices(scores, per_layer, sink_tokens=scorer.sink_tokens, recent_window=scorer.recent_window,

@@ -3,6 +3,7 @@ at position L, and a batch of different prompts continues each at its own."""
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -102,13 +103,19 @@ class Decoded:
     margins: list[float]
 
 
+def fork_cache(cache):
+    """A cheap copy whose layers can be extended without touching ``cache`` (tensors are shared;
+    DynamicCache layers grow by concatenation, never in place)."""
+    new = copy.copy(cache)
+    new.layers = [copy.copy(layer) for layer in cache.layers]
+    return new
+
+
 def stack_states(states: list[Prefill]) -> Prefill:
     """One batch state from batch-1 states: one prompt evicted in several ways, or several prompts
     (each row then continues at its own position, ``row_positions``). In a layer whose rows hold
     different numbers of entries, the shorter rows are padded at the end to the longest, and
     ``key_valid`` marks the real slots."""
-    from .evict import fork_cache
-
     positions = [int(s.next_position) for s in states]
     layers = [[s.cache.layers[i] for s in states] for i in range(len(states[0].cache.layers))]
     lengths = {i: [r.keys.shape[-2] for r in rows] for i, rows in enumerate(layers) if rows[0].keys is not None}

@@ -22,27 +22,23 @@ plain frozen model anywhere (decoding, baselines).
 
 from __future__ import annotations
 
-import json
 import warnings
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, replace
-from pathlib import Path
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
 from .attention import GROUP_REDUCTIONS, ROW_REDUCTIONS, attend_over, capture_attention
 from .compat import cache_kwargs
+from .config import Validated
 from .errors import LkvError
 
 INITS = ("mean_embed", "random")
-ADAPTER_FORMAT = "lkv-lookahead"
-ADAPTER_FILE = "adapter.safetensors"
-ADAPTER_META = "lookahead.json"
 
 
 @dataclass
-class LookaheadConfig:
+class LookaheadConfig(Validated):
     """Lookahead tokens and their LoRA (recipe section ``train.lookahead``)."""
 
     num_tokens: int = 32
@@ -139,12 +135,11 @@ class LookaheadAdapter:
         from peft import get_peft_model
 
         config = replace(config or LookaheadConfig())
-        config.validate()
         config.target_modules = resolve_target_modules(model, config.target_modules)
         with torch.random.fork_rng(devices=[]), warnings.catch_warnings():
             warnings.simplefilter("ignore", FutureWarning)  # transformers deprecations peft triggers
             torch.manual_seed(seed)
-            peft_model = get_peft_model(model, _lora_config(config))
+            peft_model = get_peft_model(model, lora_config(config))
         device = next(model.parameters()).device
         embeddings = nn.Parameter(initial_embeddings(model, config, seed).to(device))
         return cls(peft_model, embeddings, config)
@@ -263,37 +258,8 @@ class LookaheadAdapter:
             raise LkvError(f"LoRA weights do not fit this model (for example {missing[0]})")
         self.embeddings.copy_(embeddings.to(self.embeddings))
 
-    def save(self, folder: str | Path, metadata: dict | None = None) -> Path:
-        """Write ``adapter.safetensors`` (``lora.*`` and ``embeddings``) and ``lookahead.json`` into ``folder``."""
-        from .targets import save_tensors_atomic, write_json_atomic
 
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
-        lora, embeddings = self.state_dict_parts()
-        tensors = {f"lora.{k}": v.cpu() for k, v in lora.items()} | {"embeddings": embeddings.cpu()}
-        save_tensors_atomic(folder / ADAPTER_FILE, tensors, metadata={"format": ADAPTER_FORMAT})
-        write_json_atomic(folder / ADAPTER_META, {"format": ADAPTER_FORMAT, "version": 1,
-                                                  "config": asdict(self.config), **(metadata or {})})
-        return folder
-
-    @classmethod
-    def load(cls, model: nn.Module, folder: str | Path) -> LookaheadAdapter:
-        """Attach a saved adapter (from :meth:`save`) to ``model``."""
-        from safetensors.torch import load_file
-
-        folder = Path(folder)
-        meta_path = folder / ADAPTER_META
-        if not meta_path.is_file() or not (folder / ADAPTER_FILE).is_file():
-            raise LkvError(f"{folder} holds no lookahead adapter ({ADAPTER_META} + {ADAPTER_FILE})")
-        meta = json.loads(meta_path.read_text())
-        adapter = cls.attach(model, LookaheadConfig(**meta["config"]))
-        tensors = load_file(str(folder / ADAPTER_FILE))
-        lora = {k[len("lora."):]: v for k, v in tensors.items() if k.startswith("lora.")}
-        adapter.load_parts(lora, tensors["embeddings"])
-        return adapter
-
-
-def _lora_config(config: LookaheadConfig, **extra):
+def lora_config(config: LookaheadConfig, **extra):
     from peft import LoraConfig
 
     return LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
@@ -307,7 +273,7 @@ def alora_twin(model: nn.Module, adapter: LookaheadAdapter):
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", FutureWarning)
-        twin = get_peft_model(model, _lora_config(adapter.config, alora_invocation_tokens=[0]))
+        twin = get_peft_model(model, lora_config(adapter.config, alora_invocation_tokens=[0]))
     set_peft_model_state_dict(twin, adapter.state_dict_parts()[0])
     return twin
 

@@ -11,7 +11,10 @@ from pathlib import Path
 
 import torch
 
+from .attention import ATTENTION_NAME, register_attention
 from .errors import LkvError
+from .files import atomic_folder
+from .shapes import num_kv_heads, num_layers
 
 BUILTIN_MODELS = {
     "smollm2-135m-instruct": {
@@ -89,7 +92,6 @@ def convert_gguf(gguf_path: Path, out_dir: Path) -> Path:
         del config.quantization_config
     fresh = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     fresh.load_state_dict(quantised.state_dict())
-    from .targets import atomic_folder
 
     with atomic_folder(out_dir) as tmp:
         fresh.save_pretrained(tmp)
@@ -132,7 +134,6 @@ def load_model(
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from .attention import ATTENTION_NAME, register_attention
 
     register_attention()
     hf_logging.disable_progress_bar()
@@ -159,7 +160,6 @@ def load_model(
 
 def prepare_model(model: torch.nn.Module) -> torch.nn.Module:
     """Freeze the model, put it in eval mode, and route its attention through lkv's capture function."""
-    from .attention import ATTENTION_NAME, register_attention
 
     register_attention()
     model.eval()
@@ -213,21 +213,3 @@ def fingerprint(model: torch.nn.Module, tokenizer) -> dict:
 def same_model(a: dict, b: dict) -> bool:
     """Fingerprints match on config, tokenizer and weights (the chat template is checked separately)."""
     return all(a.get(k) == b.get(k) for k in ("config", "tokenizer", "weights"))
-
-
-def text_config(model_or_config):
-    config = getattr(model_or_config, "config", model_or_config)
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
-def num_layers(model) -> int:
-    return text_config(model).num_hidden_layers
-
-
-def num_kv_heads(model) -> int:
-    config = text_config(model)
-    return getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-
-
-def context_length(model) -> int | None:
-    return getattr(text_config(model), "max_position_embeddings", None)

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from .attention import normalise
+from .config import Validated
 from .errors import LkvError
 
 TARGETS = ("mean", "max", "mix")
@@ -36,7 +37,7 @@ LOSSES = ("kl", "listwise", "recall")
 
 
 @dataclass
-class ObjectiveConfig:
+class ObjectiveConfig(Validated):
     """The ``train.objective`` section."""
 
     target: Literal["mean", "max", "mix"] = "max"

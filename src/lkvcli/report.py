@@ -14,7 +14,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .targets import write_bytes_atomic, write_json_atomic
+from rich.table import Table
+
+from .files import write_bytes_atomic, write_json_atomic
+
 
 def _fmt(value, digits: int = 3) -> str:
     if value is None:
@@ -219,8 +222,6 @@ def write_results(folder: str | Path, config: dict, results: dict) -> dict:
 
 def rich_table(title: str, header: list[str], rows: list[list[str]]):
     """One table as a rich Table: first column left, the rest right-aligned."""
-    from rich.table import Table
-
     table = Table(title=title, title_justify="left")
     for i, h in enumerate(header):
         table.add_column(h, justify="left" if i == 0 else "right")

@@ -17,19 +17,17 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors import safe_open
-from safetensors.torch import save_file
 
-from . import __version__
+from .version import __version__
 from .attention import normalise
 from .errors import LkvError
+from .files import read_jsonl, save_tensors_atomic, write_json_atomic
 from .models import same_model
 
 FORMAT = "lkv-targets"
@@ -53,63 +51,6 @@ class TargetRecord:
     @property
     def prompt_len(self) -> int:
         return int(self.prompt_ids.numel())
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-def _publish(tmp: str, path: Path) -> None:
-    """Give a temporary file normal permissions and rename it into place (atomic on POSIX)."""
-    os.chmod(tmp, 0o666 & ~_umask())
-    os.replace(tmp, path)
-
-
-def write_bytes_atomic(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        _publish(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-@contextmanager
-def atomic_folder(final: Path):
-    """Yield a temporary sibling folder; when the block succeeds it replaces ``final`` by a rename."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
-    try:
-        yield tmp
-        os.chmod(tmp, 0o777 & ~_umask())
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-
-
-def save_tensors_atomic(path: Path, tensors: dict, metadata: dict | None = None) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
-        _publish(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
 
 
 def sparsify(target: torch.Tensor, mass: float, top_k: int | None = None) -> dict[str, torch.Tensor]:
@@ -259,27 +200,6 @@ def read_manifest(folder: Path) -> dict:
     if manifest.get("version", 0) > VERSION:
         raise LkvError(f"{folder} uses targets format v{manifest['version']}; upgrade lkv to read it")
     return manifest
-
-
-def read_jsonl(path: Path, repair: bool = False, fix: str = "delete that line") -> list[dict]:
-    """The objects of a JSONL journal; ``repair`` cuts a partial last line (a crash mid-append).
-    A malformed complete line fails with its line number and ``fix``."""
-    if not path.is_file():
-        return []
-    raw = path.read_bytes()
-    good_end = raw.rfind(b"\n") + 1
-    if good_end < len(raw) and repair:
-        with open(path, "r+b") as fh:
-            fh.truncate(good_end)
-    rows = []
-    for lineno, line in enumerate(raw[:good_end].decode("utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise LkvError(f"{path} line {lineno}: malformed record ({exc.msg}); {fix}") from exc
-    return rows
 
 
 def _read_records(folder: Path, repair: bool = False) -> list[dict]:

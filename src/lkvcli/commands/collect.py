@@ -10,8 +10,7 @@ from rich.table import Table
 
 from ..collect import CollectConfig, collect, summary_dict
 from ..config import load_config
-from .common import (OVERRIDES_HELP, RECIPE_HELP, STATE, console, handle_errors, out, plain_line, progress,
-                     split_recipe_args)
+from .common import OVERRIDES_HELP, RECIPE_HELP, STATE, ProgressView, console, handle_errors, out, split_recipe_args
 
 
 def register(app: typer.Typer) -> None:
@@ -55,23 +54,8 @@ def collect_command(
     config = load_config(CollectConfig, recipe, "collect", cli, extra)
     console.print(f"collect: model [bold]{config.model}[/], data [bold]{config.data}[/] -> {config.out_folder()}")
 
-    bar = progress()
-    task = None
-
-    def on_event(kind, **info):
-        nonlocal task
-        if kind == "start":
-            task = bar.add_task("collect", total=info["total"], completed=info["done"], info="")
-            plain_line(f"collect: {info['done']}/{info['total']} already done")
-        elif kind in ("record", "skip"):
-            s = info["summary"]
-            rate = (s.prompt_tokens + s.response_tokens) / max(s.seconds, 1e-9)
-            bar.update(task, advance=1, info=f"{rate:,.0f} tok/s  {s.response_tokens} generated")
-            done = s.already_done + s.written + s.skipped_too_long + s.skipped_empty
-            plain_line(f"collect: {done}/{s.prompts} records, {rate:,.0f} tok/s, {s.seconds:.0f}s elapsed")
-
-    with bar:
-        summary = collect(config, on_event=on_event)
+    with ProgressView() as view:
+        summary = collect(config, on_event=view)
     _report(summary)
 
 

@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..errors import LkvError
+from ..progress import Event
 
 
 @dataclass
@@ -76,6 +77,37 @@ def progress(**extra_columns) -> Progress:
     columns = [TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("eta"), TimeRemainingColumn()]
     return Progress(*columns, console=console, disable=not console.is_terminal, transient=False)
+
+
+class ProgressView:
+    """Progress events of any command -> a rich bar per phase on a terminal, plain lines when piped.
+    Use it as a context manager (the bar stops on the way out, whatever happens)."""
+
+    def __init__(self):
+        self.bar = progress()
+        self.tasks: dict[str, int] = {}
+        self.last_checkpoint = None
+
+    def __enter__(self):
+        self.bar.start()
+        return self
+
+    def __exit__(self, *exc):
+        self.bar.stop()
+
+    def __call__(self, event: Event) -> None:
+        if event.kind == "start":
+            self.tasks[event.phase] = self.bar.add_task(event.phase, total=event.total, completed=event.done, info="")
+            plain_line(f"{event.phase}: {event.info}")
+        elif event.kind == "advance":
+            task = self.tasks[event.phase]
+            self.bar.update(task, completed=event.done, info=event.info)
+            if event.log:
+                elapsed = self.bar.tasks[task].elapsed or 0.0
+                plain_line(f"{event.phase}: {event.done}/{event.total} {event.info}, {elapsed:.0f}s elapsed")
+        elif event.kind == "note":
+            self.last_checkpoint = event.data.get("checkpoint", self.last_checkpoint)
+            plain_line(f"{event.phase}: {event.info}")
 
 
 def plain_line(message: str) -> None:

@@ -10,8 +10,7 @@ import typer
 from ..config import load_config
 from ..evaluate import EvalConfig, config_dict, evaluate, setup
 from ..report import rich_tables, write_results
-from .common import (OVERRIDES_HELP, RECIPE_HELP, STATE, console, handle_errors, out, plain_line, progress,
-                     split_recipe_args)
+from .common import OVERRIDES_HELP, RECIPE_HELP, STATE, ProgressView, console, handle_errors, out, split_recipe_args
 
 
 def register(app: typer.Typer) -> None:
@@ -63,21 +62,8 @@ def eval_command(
     run = setup(config)
     console.print(f"eval: {len(run.record_indices)} records, methods {', '.join(run.methods)}, budgets "
                   f"{', '.join(config.budgets)}, parts {', '.join(config.parts)} -> {config.out}")
-    bar = progress()
-    tasks = {}
-
-    def on_event(kind, **info):
-        if kind == "start":
-            tasks["current"] = bar.add_task(info["part"], total=info["total"], info="")
-            plain_line(f"eval: {info['part']}: {info['total']} steps")
-        elif kind == "advance":
-            bar.update(tasks["current"], advance=1, info=info.get("info", ""))
-            task = bar.tasks[-1]  # the part under way (rich keeps counting while its bar is hidden)
-            plain_line(f"eval: {task.description}: {task.completed:.0f}/{task.total:.0f} {info.get('info', '')}, "
-                       f"{task.elapsed:.0f}s elapsed")
-
-    with bar:
-        results = evaluate(run, on_event=on_event)
+    with ProgressView() as view:
+        results = evaluate(run, on_event=view)
     written = write_results(config.out, {"eval": config_dict(config), "scorers": results["scorers"]}, results)
     if STATE.json:
         out.print_json(json.dumps({"results": results, **written}))

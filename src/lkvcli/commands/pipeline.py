@@ -7,11 +7,15 @@ from pathlib import Path
 import typer
 from typer.main import get_command
 
-from ..config import read_recipe
+from ..config import load_config, read_recipe
 from ..errors import LkvError
+from ..evaluate import EvalConfig
+from ..files import read_json
 from ..report import rich_table, summary_rows
-from ..bundle import read_json
+from ..runs import latest_checkpoint
+from ..train import TrainConfig
 from .common import console, handle_errors, out
+from .export import load_export_config
 
 STEPS = ("collect", "train", "eval", "export")
 
@@ -28,27 +32,21 @@ def register(app: typer.Typer) -> None:
 
 
 def _steps(recipe: dict, path: str) -> list[tuple[str, list[str]]]:
-    """The subcommand argument lists for each step of the recipe."""
+    """The subcommand argument lists for each step of the recipe (every section read by its own loader)."""
     missing = [s for s in ("collect", "train") if s not in recipe]
     if missing:
         raise LkvError(f"recipe {path} has no {missing[0]!r} section; a pipeline recipe needs collect and train")
-    run = (recipe.get("train") or {}).get("out", "runs/lookahead")
+    run = Path(load_config(TrainConfig, path, "train", {}, []).out)
     steps = [("collect", ["collect", path])]
-    resume = ["resume=true"] if (Path(run) / "checkpoints" / "latest").is_file() else []
-    steps.append(("train", ["train", path, *resume]))
-    results = None
+    steps.append(("train", ["train", path, *(["resume=true"] if latest_checkpoint(run) else [])]))
     if "eval" in recipe:
-        results = (recipe["eval"] or {}).get("out", "results")
-        if (Path(results) / "results.json").is_file():
+        results = Path(load_config(EvalConfig, path, "eval", {}, []).out)
+        if (results / "results.json").is_file():
             console.print(f"eval: {results}/results.json exists, kept (delete the folder to evaluate again)")
         else:
             steps.append(("eval", ["eval", path]))
-    export = recipe.get("export") or {}
-    if "out" in export:
-        args = ["export", run, "--out", export["out"], "--overwrite"]
-        if results:
-            args += ["--eval", results]
-        steps.append(("export", args))
+    if load_export_config(path, {}, []).out:
+        steps.append(("export", ["export", path, "--overwrite"]))
     return steps
 
 
@@ -65,15 +63,15 @@ def _make_command(app: typer.Typer):
             if code not in (None, 0):
                 raise typer.Exit(code)
         console.rule("done")
-        _print_summary(data)
+        _print_summary(data, recipe)
 
     return pipeline_command
 
 
-def _print_summary(recipe: dict) -> None:
+def _print_summary(recipe: dict, path: str) -> None:
     """The method-by-budget table and where the report, plots and bundle are."""
-    results_dir = Path((recipe.get("eval") or {}).get("out", "results"))
-    if "eval" in recipe and (results_dir / "results.json").is_file():
+    results_dir = Path(load_config(EvalConfig, path, "eval", {}, []).out) if "eval" in recipe else None
+    if results_dir and (results_dir / "results.json").is_file():
         results = read_json(results_dir / "results.json", "run lkv eval again")
         out.print(rich_table(f"Summary on {len(results['meta']['records'])} held-out prompts",
                              *summary_rows(results)))
@@ -83,6 +81,6 @@ def _print_summary(recipe: dict) -> None:
         out.print(f"report: {results_dir / 'report.md'}")
         if (results_dir / "plots").is_dir():
             out.print(f"plots:  {results_dir / 'plots'}")
-    bundle = (recipe.get("export") or {}).get("out")
+    bundle = load_export_config(path, {}, []).out
     if bundle and Path(bundle).is_dir():
         out.print(f"bundle: {bundle}")

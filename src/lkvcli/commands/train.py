@@ -5,9 +5,12 @@ from __future__ import annotations
 import json
 from typing import List, Optional
 
+import torch.distributed as dist
 import typer
 
-from .common import STATE, console, handle_errors, out, plain_line, progress, split_recipe_args
+from ..config import load_config
+from ..train import TrainConfig, config_fields, train
+from .common import STATE, ProgressView, console, handle_errors, out, split_recipe_args
 
 HELP = """Train a lookahead adapter on targets folders written by `lkv collect`.
 
@@ -22,50 +25,12 @@ def _fmt(value, spec: str = ".4f") -> str:
     return "-" if value is None else format(value, spec)
 
 
-class Renderer:
-    """Training events -> a rich progress bar on a terminal, plain lines when piped."""
-
-    def __init__(self):
-        self.bar = progress()
-        self.task = None
-        self.last_checkpoint = None
-
-    def __call__(self, event: dict) -> None:
-        kind = event["event"]
-        if kind == "start":
-            self.bar.start()
-            self.task = self.bar.add_task("train", total=event["total_steps"], completed=event["start_step"], info="")
-            plain_line(f"train: {event['train_records']} records ({event['val_records']} held out), "
-                       f"{event['total_steps']} steps of {event['global_batch']} examples on {event['processes']} "
-                       f"process(es), {event['trainable_parameters']:,} trainable parameters -> {event['run']}")
-        elif kind == "eval":
-            plain_line(f"step {event['step']}: val KL {_fmt(event['val_kl'])}")
-        elif kind == "step":
-            info = (f"loss {_fmt(event['loss'])} val {_fmt(event['val_kl'])} {event['steps_per_s']:.2f} steps/s")
-            self.bar.update(self.task, completed=event["step"], info=info)
-            if event["log"] or event["step"] == event["total_steps"]:
-                plain_line(f"step {event['step']}/{event['total_steps']}: {info}, lr {event['lr']:.2e}, "
-                           f"eta {event['eta_s']:.0f} s")
-        elif kind == "checkpoint":
-            self.last_checkpoint = event["step"]
-            plain_line(f"checkpoint {event['path']}")
-        elif kind == "done":
-            self.stop()
-
-    def stop(self) -> None:
-        self.bar.stop()
-
-
 def _end_distributed() -> None:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
 
 
 def register(app: typer.Typer) -> None:
-    from ..train import config_fields
-
     epilog = "KEY=VALUE fields (defaults): " + ", ".join(config_fields())
 
     @app.command("train", help=HELP, epilog=epilog)
@@ -82,25 +47,20 @@ def register(app: typer.Typer) -> None:
         device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda."),
         resume: bool = typer.Option(False, "--resume", help="Continue from the run folder's latest checkpoint."),
     ):
-        from ..config import load_config
-        from ..train import TrainConfig, train
-
         recipe, overrides = split_recipe_args(list(args or []))
         cli_values = {"model": model, "data": data or None, "out": out_dir, "steps": steps, "lr": lr,
                       "batch_size": batch_size, "device": device, "resume": True if resume else None}
         config = load_config(TrainConfig, recipe, "train", cli_values, overrides)
-        renderer = Renderer()
+        view = ProgressView()
         try:
-            summary = train(config, on_event=renderer)
+            with view:
+                summary = train(config, on_event=view)
         except KeyboardInterrupt:
-            renderer.stop()
             _end_distributed()
-            where = f"checkpoint at step {renderer.last_checkpoint} kept" if renderer.last_checkpoint else "no checkpoint"
+            where = f"checkpoint at step {view.last_checkpoint} kept" if view.last_checkpoint else "no checkpoint"
             console.print(f"interrupted: {where}; continue with `lkv train ... --out {config.out} --resume`",
                           soft_wrap=True)
             raise typer.Exit(130) from None
-        finally:
-            renderer.stop()
         _end_distributed()
         if not summary["main"]:
             return

@@ -5,16 +5,16 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Literal
 
+from ..config import Validated
 from ..errors import LkvError
-from ..evict import parse_budget
+from ..evict import DEFAULT_BUDGETS, parse_budget
 from ..scorers import available, get_scorer
 
 PARTS = ("prediction", "answers", "overhead")
-DEFAULT_BUDGETS = ["64", "128", "256", "512"]
 
 
 @dataclass
-class EvalConfig:
+class EvalConfig(Validated):
     """Settings of ``lkv eval`` (recipe section ``eval``)."""
 
     targets: list[str] = field(default_factory=list)
@@ -39,8 +39,6 @@ class EvalConfig:
     trust_remote_code: bool = False
 
     def validate(self) -> None:
-        if not self.targets:
-            raise LkvError("no targets given; pass --targets FOLDER (written by `lkv collect`)")
         bad = [p for p in self.parts if p not in PARTS]
         if bad or not self.parts:
             raise LkvError(f"unknown part {bad[0] if bad else '(none)'!r}; parts: {', '.join(PARTS)}")
@@ -61,6 +59,11 @@ class EvalConfig:
             raise LkvError(f"decode_batch must be at least 1, not {self.decode_batch}")
         if self.overhead_prompts < 1 or self.overhead_repeats < 1:
             raise LkvError("overhead_prompts and overhead_repeats must be at least 1")
+
+    def check_data(self) -> None:
+        """Targets are given (checked when the evaluation starts)."""
+        if not self.targets:
+            raise LkvError("no targets given; pass --targets FOLDER (written by `lkv collect`)")
 
     def method_names(self, has_adapter: bool) -> list[str]:
         names = [m for m in (self.methods or available()) if m != "full"]

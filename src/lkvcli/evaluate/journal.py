@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from ..errors import LkvError
-from ..targets import read_jsonl, write_json_atomic
+from ..files import read_jsonl, write_json_atomic
 
 PREDICTIONS = "predictions.jsonl"
 SETTINGS = "journal.json"

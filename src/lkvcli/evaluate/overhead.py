@@ -14,6 +14,7 @@ import torch
 
 from ..evict import budget_label, cache_bytes, compress, feed, resolve_budget
 from ..generate import prefill
+from ..progress import Event, Listener, ignore
 from .engine import score_prompt, sync
 from .records import split_ids
 
@@ -107,14 +108,15 @@ def overhead_table(samples: dict[str, list[dict]]) -> dict:
     return out
 
 
-def measure_overhead(run, emit=lambda *a, **k: None) -> dict:
+def measure_overhead(run, emit: Listener = ignore) -> dict:
     """Interleaved, repeated timings on the first ``overhead_prompts`` held-out prompts; medians."""
     config = run.config
     records = [run.reader[i] for i in run.record_indices[: config.overhead_prompts]]
     names = ["plain", *run.methods]
     rng = random.Random(config.seed)
     samples: dict[str, list[dict]] = {n: [] for n in names}
-    emit("start", part="overhead", total=config.overhead_repeats * len(records) * len(names))
+    total, done = config.overhead_repeats * len(records) * len(names), 0
+    emit(Event("start", "overhead", 0, total, f"{total} timed runs"))
     budget = run.budgets[0]
     for record in records:  # one warm-up run of each method (first-call costs, lazy loads)
         for name in names:
@@ -125,7 +127,8 @@ def measure_overhead(run, emit=lambda *a, **k: None) -> dict:
             rng.shuffle(order)
             for name in order:
                 samples[name].append(_time_one(run, name, record, budget))
-                emit("advance", info=f"overhead {name}")
+                done += 1
+                emit(Event("advance", "overhead", done, total, name))
     return {"budget": budget_label(budget), "prompts": [r.id for r in records],
             "prompt_tokens": [r.prompt_len for r in records], "repeats": config.overhead_repeats,
             "methods": overhead_table(samples)}

@@ -7,15 +7,18 @@ import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import torch
 
-from .. import __version__
+from ..adapters import load_adapter, validation_ids
 from ..errors import LkvError
 from ..evict import parse_budget
 from ..generate import stop_token_ids
+from ..models import load_model, same_model
+from ..progress import Event, Listener, ignore
 from ..scorers import get_scorer
+from ..targets import TargetsReader
+from ..version import __version__
 from .aggregate import aggregate_answers, aggregate_prediction, labels_of, selected_rows, throughput
 from .config import EvalConfig
 from .engine import Timings, evaluate_record
@@ -77,11 +80,7 @@ def check_writable(folder: str | Path) -> Path:
 
 def setup(config: EvalConfig, loaded=None, adapter=None) -> EvalRun:
     """Validate everything that can be checked before the long work, load what is needed."""
-    from ..models import load_model, same_model
-    from ..scorers.lookahead import load_adapter, validation_ids
-    from ..targets import TargetsReader
-
-    config.validate()
+    config.check_data()
     check_writable(config.out)
     reader = TargetsReader(config.targets)
     if len(reader) == 0:
@@ -145,10 +144,10 @@ def environment() -> dict:
             "threads": torch.get_num_threads()}
 
 
-def evaluate(run: EvalRun, on_event: Callable | None = None) -> dict:
+def evaluate(run: EvalRun, on_event: Listener | None = None) -> dict:
     """Compute the rows missing from ``OUT/predictions.jsonl`` (durable as they come), then aggregate
     every selected row; returns the results dict. Interrupted at any moment, the same call resumes."""
-    emit = on_event or (lambda kind, **info: None)
+    emit = on_event or ignore
     config, t0 = run.config, time.perf_counter()
     journal = Journal(config.out, run.settings(), overwrite=config.overwrite)
     ids = [run.reader.meta(i)["id"] for i in run.record_indices]
@@ -164,10 +163,11 @@ def evaluate(run: EvalRun, on_event: Callable | None = None) -> dict:
     want_pred, want_ans = "prediction" in config.parts, "answers" in config.parts
     timings = Timings()
     if want_pred or want_ans:
-        emit("start", part="prediction+answers", total=len(run.record_indices))
-        for i, rid in zip(run.record_indices, ids):
+        phase, total = "prediction+answers", len(run.record_indices)
+        emit(Event("start", phase, 0, total, f"{total} records"))
+        for done, (i, rid) in enumerate(zip(run.record_indices, ids), 1):
             added = evaluate_record(run, run.reader[i], journal, want_pred, want_ans, timings)
-            emit("advance", info=f"{rid}: {added} rows" if added else f"{rid}: done before")
+            emit(Event("advance", phase, done, total, f"{rid}: {added} rows" if added else f"{rid}: done before"))
         rows = selected_rows(journal.rows, ids, list(run.methods), labels)
         if want_pred:
             results["prediction"] = aggregate_prediction(rows, list(run.methods), labels)

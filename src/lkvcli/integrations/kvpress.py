@@ -23,8 +23,12 @@ from pathlib import Path
 
 import torch
 
+from ..api import LookaheadKV, resolve_bundle
 from ..compat import cache_from_kwargs
 from ..errors import LkvError
+from ..evict import compress
+from ..generate import Prefill
+from ..scorers.base import ScoreContext
 
 try:
     from kvpress import BasePress
@@ -66,8 +70,6 @@ class LookaheadKVPress(BasePress):
     def from_pretrained(cls, bundle: str | Path, compression_ratio: float = 0.0, *, budget: int | None = None,
                         revision: str | None = None, allow_fingerprint_mismatch: bool = False) -> LookaheadKVPress:
         """A press for an lkv bundle folder or Hub repo id; its model is the one the press is applied to."""
-        from ..api import resolve_bundle
-
         folder = resolve_bundle(bundle, revision)
         return cls(bundle=folder, compression_ratio=compression_ratio, budget=budget, revision=revision,
                    allow_fingerprint_mismatch=allow_fingerprint_mismatch)
@@ -75,8 +77,6 @@ class LookaheadKVPress(BasePress):
     def post_init_from_model(self, model):
         """Attach the bundle to ``model`` (once per model: :meth:`lkvcli.LookaheadKV.from_pretrained` returns
         the same object again); refused for a model it was not trained for."""
-        from ..api import LookaheadKV
-
         if self._model is model:
             return
         kv = LookaheadKV.from_pretrained(self.bundle, model, revision=self.revision,
@@ -121,9 +121,6 @@ class LookaheadKVPress(BasePress):
     def compress_cache(self, cache, input_ids: torch.Tensor) -> None:
         """Score the prefilled ``cache`` of ``input_ids`` (1, L) with the lookahead tokens, then keep the
         best entries of every full-attention layer and KV head in place."""
-        from ..evict import compress
-        from ..generate import Prefill
-        from ..scorers.base import ScoreContext
 
         if input_ids.shape[0] != 1:
             raise LkvError(f"LookaheadKVPress compresses one prompt at a time, got a batch of {input_ids.shape[0]}")

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from .corpus import DOMAINS
+from .drafts import Draft, TaskContext
 from .records import PromptRecord, PromptSourceError, join_context_question
-from .tasks import CLOSED_TASKS, DEFAULT_TASKS, OPEN_TASKS, TASKS, Draft, TaskContext
+from .tasks import CLOSED_TASKS, DEFAULT_TASKS, OPEN_TASKS, TASKS
 
 MIN_TOKENS_FLOOR = 200
 TOLERANCE = 0.05

@@ -1,4 +1,5 @@
-"""Built-in RULER-style tasks over real text. One small function per task; see ``TASKS``.
+"""Built-in RULER-style tasks over real text: the synthetic-fact tasks, and ``TASKS``, the registry of
+every task (those asking about the text itself are in :mod:`.text_tasks`). One small function per task.
 
 A task function gets a :class:`TaskContext` (seeded rng, token target, token counter) and returns
 a :class:`Draft`: ``render(size) -> (context, question)`` whose length grows with ``size``
@@ -14,10 +15,11 @@ from __future__ import annotations
 
 import random
 import re
-from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
-from .corpus import insert_paragraphs, make_haystack, passage, speakers, speeches, vocabulary
+from .corpus import vocabulary
+from .drafts import Draft, TaskContext, haystack_draft
+from .text_tasks import explain, list_task, passage_qa, summarise
 
 _ADJECTIVES = (
     "amber", "brave", "calm", "crimson", "dusty", "eager", "fuzzy", "gentle", "golden", "hollow",
@@ -29,61 +31,6 @@ _NOUNS = (
     "kettle", "lantern", "meadow", "needle", "orchard", "pebble", "quarry", "rocket", "saddle", "tunnel",
     "umbrella", "violin", "walnut", "yacht", "zeppelin", "beacon", "compass", "glacier", "lobster", "pigeon",
 )
-
-
-@dataclass
-class TaskContext:
-    rng: random.Random
-    target: int                      # token target for the whole user message
-    count: Callable[[str], int]      # tokens in a text
-    domain: str = "plays"            # text domain of the haystack (lkvcli.prompts.corpus.DOMAINS)
-
-    def haystack(self):
-        # 1.5 words per target token: enough for any tokenizer with >= 0.67 tokens per word.
-        return make_haystack(self.rng, int(self.target * 1.5) + 50, self.domain)
-
-
-@dataclass
-class Draft:
-    render: Callable[[int], tuple[str, str]]   # size -> (context, question)
-    max_size: int
-    min_size: int = 1
-    answer: str | list[str] | None = None
-    metric: str = "agreement"
-    meta: dict = field(default_factory=dict)
-    describe: Callable[[str], dict] | None = None   # final context -> extra meta (and "answer", when it depends on it)
-
-
-Fact = tuple[str, str, str]  # (label, the inserted paragraph, the critical text inside it)
-
-
-def fact_spans(context: str, facts: Sequence[Fact]) -> list[dict]:
-    """``{"fact", "text", "chars": [start, end)}`` of each fact's critical text in ``context``."""
-    out = []
-    for label, paragraph, text in facts:
-        start = context.index(paragraph) + paragraph.index(text)
-        out.append({"fact": label, "text": text, "chars": [start, start + len(text)]})
-    return out
-
-
-# ---------------------------------------------------------------- shared helpers
-
-def _haystack_draft(ctx: TaskContext, question: str | Callable[[list[str]], str],
-                    inserts: Sequence[tuple[float, str]] = (), facts: Sequence[Fact] = (), **kwargs) -> Draft:
-    """A draft over a real-text haystack with ``inserts`` (depth, paragraph) placed into it;
-    ``facts`` (inside those paragraphs) are recorded as ``critical_chars``."""
-    hay = ctx.haystack()
-    ordered = sorted(inserts, key=lambda item: item[0])
-
-    def render(size: int) -> tuple[str, str]:
-        lines = passage(hay.lines, size)
-        q = question(lines) if callable(question) else question
-        return insert_paragraphs(lines, ordered), q
-
-    meta = {"haystack": hay.meta, **kwargs.pop("meta", {})}
-    if facts:
-        kwargs["describe"] = lambda context: {"critical_chars": fact_spans(context, facts)}
-    return Draft(render, max_size=len(hay.lines), meta=meta, **kwargs)
 
 
 def _depth(rng: random.Random) -> float:
@@ -124,7 +71,7 @@ def needle(ctx: TaskContext) -> Draft:
     depth = _depth(ctx.rng)
     question = f"What is the special magic number for {key} mentioned in the text above? Answer with the number only."
     text = _needle(key, number)
-    return _haystack_draft(ctx, question, [(depth, text)], facts=[(f"number for {key}", text, number)],
+    return haystack_draft(ctx, question, [(depth, text)], facts=[(f"number for {key}", text, number)],
                            answer=number, metric="contains_all", meta={"key": key, "depths": [depth]})
 
 
@@ -137,7 +84,7 @@ def multi_needle(ctx: TaskContext) -> Draft:
                 "Answer with the numbers only, in that order, separated by commas.")
     inserts = [(d, _needle(key, num)) for d, key, num in zip(depths, keys, numbers)]
     facts = [(f"number for {key}", _needle(key, num), num) for key, num in zip(keys, numbers)]
-    return _haystack_draft(ctx, question, inserts, facts=facts, answer=numbers, metric="contains_all",
+    return haystack_draft(ctx, question, inserts, facts=facts, answer=numbers, metric="contains_all",
                            meta={"keys": keys, "depths": depths})
 
 
@@ -163,7 +110,7 @@ def kv_lookup(ctx: TaskContext) -> Draft:
     question = (f'What is the value for the key "{key}" in the JSON object in the text above? '
                 "Answer with the value only.")
     block = _kv_block(pairs)
-    return _haystack_draft(ctx, question, [(depth, block)], facts=[(f"value of {key}", block, value)],
+    return haystack_draft(ctx, question, [(depth, block)], facts=[(f"value of {key}", block, value)],
                            answer=value, metric="contains_all", meta={"key": key, "n_pairs": n, "depths": [depth]})
 
 
@@ -184,7 +131,7 @@ def var_tracking(ctx: TaskContext) -> Draft:
     facts = [(f"VAR {var}", text, text) for var, (_, text) in zip(names, inserts[:n_main])]
     question = (f"Which variables in the text above are assigned the value {values[0]}, directly or through "
                 "other variables? Answer with the variable names only, separated by commas.")
-    return _haystack_draft(ctx, question, inserts, facts=facts, answer=names[:n_main], metric="contains_all",
+    return haystack_draft(ctx, question, inserts, facts=facts, answer=names[:n_main], metric="contains_all",
                            meta={"value": values[0], "distractors": names[n_main:]})
 
 
@@ -245,7 +192,7 @@ def multi_kv(ctx: TaskContext) -> Draft:
                 "JSON object in the text above? Answer with the values only, in that order, separated by commas.")
     block = _kv_block(pairs)
     facts = [(f"value of {key}", block, value) for key, value in zip(asked, answer)]
-    return _haystack_draft(ctx, question, [(depth, block)], facts=facts, answer=answer, metric="contains_all",
+    return haystack_draft(ctx, question, [(depth, block)], facts=facts, answer=answer, metric="contains_all",
                            meta={"keys": asked, "distractors": near, "n_pairs": len(pairs), "depths": [depth]})
 
 
@@ -262,137 +209,8 @@ def counting(ctx: TaskContext) -> Draft:
     facts = [(f"{keys[0]} report", text, text) for _, text in inserts if f"the {keys[0]} team" in text]
     question = (f"How many {item} did the {keys[0]} team find in total, adding up every report in the text above? "
                 "Answer with the number only.")
-    return _haystack_draft(ctx, question, inserts, facts=facts, answer=str(sum(main)), metric="contains_all",
+    return haystack_draft(ctx, question, inserts, facts=facts, answer=str(sum(main)), metric="contains_all",
                            meta={"key": keys[0], "counts": main, "distractors": other})
-
-
-def _definitions(lines: Sequence[str]) -> list[tuple[str, int]]:
-    """(name, line index) of every top-level ``def`` / ``class`` in ``lines``."""
-    found = []
-    for i, line in enumerate(lines):
-        m = re.match(r"(?:def|class) ([A-Za-z_][A-Za-z0-9_]*)", line)
-        if m:
-            found.append((m[1], i))
-    return found
-
-
-def _qa_item(lines: list[str], domain: str, u: float) -> tuple[str, str, int, int] | None:
-    """(question, answer, char start, char end of the answer's evidence) of an extractive question about
-    ``lines`` near relative position ``u``, or None when the passage has nothing to ask."""
-    text = "\n".join(lines)
-    offsets = [0]
-    for line in lines:
-        offsets.append(offsets[-1] + len(line) + 1)
-    unique = lambda s: text.count(s) == 1  # noqa: E731
-    items = []
-    if domain == "plays":
-        for label, start, _ in speeches(lines):
-            first = lines[start].strip()
-            if len(first) >= 20 and unique(first):
-                items.append((f'In the passage above, who says "{first}"? Answer with the name only.',
-                              label.rstrip("."), offsets[start - 1], offsets[start - 1] + len(label.rstrip("."))))
-    elif domain == "code":
-        defs = _definitions(lines) + [("", len(lines))]
-        for (name, i), (_, end) in zip(defs, defs[1:]):
-            body = [j for j in range(i + 1, end) if len(lines[j].strip()) >= 20 and unique(lines[j].strip())
-                    and not lines[j].strip().startswith(("#", '"', "'"))]
-            if body:
-                line = lines[body[0]].strip()
-                at = offsets[i] + lines[i].index(name)
-                items.append((f"Which function or class in the code above contains the line `{line}`? "
-                              "Answer with its name only.", name, at, at + len(name)))
-    else:
-        for i, line in enumerate(lines):
-            words = [w for w in re.findall(r"\b[a-z]{7,14}\b", line) if len(re.findall(rf"\b{w}\b", text)) == 1]
-            if words and len(line.split()) >= 8 and not line.lstrip().startswith(("#", "|", "`", "<", "!", "[")):
-                word = max(words, key=lambda w: (len(w), w))
-                sentence = re.sub(rf"\b{word}\b", "____", line.strip())
-                at = offsets[i] + re.search(rf"\b{word}\b", line).start()
-                items.append((f'Which word fills the blank in this line of the passage above: "{sentence}"? '
-                              "Answer with the word only.", word, at, at + len(word)))
-    if not items:
-        return None
-    return items[min(len(items) - 1, int(u * len(items)))]
-
-
-def passage_qa(ctx: TaskContext) -> Draft:
-    """An extractive question about the passage itself, at a seeded relative position: who says a line
-    (plays), which definition contains a line (code), which word fills a blank (docs); answer: that name
-    or word, whose occurrence in the passage is the critical fact."""
-    u = ctx.rng.random()
-
-    def question(lines: list[str]) -> str:
-        item = _qa_item(lines, ctx.domain, u)
-        return item[0] if item else "What is the passage above about? Answer in one sentence."
-
-    def describe(context: str) -> dict:
-        item = _qa_item(context.split("\n"), ctx.domain, u)
-        if item is None:
-            raise ValueError("passage_qa: the passage has nothing to ask about")
-        _, answer, start, end = item
-        return {"answer": answer, "critical_chars": [{"fact": "answer", "text": answer, "chars": [start, end]}]}
-
-    return _haystack_draft(ctx, question, answer="", metric="contains_all", meta={"position": round(u, 4)},
-                           describe=describe)
-
-
-# ---------------------------------------------------------------- open-ended tasks (metric "agreement")
-
-def summarise(ctx: TaskContext) -> Draft:
-    """Summarise a real passage (code: what it does)."""
-    question = ("Summarise what the code above does in a few sentences." if ctx.domain == "code" else
-                "Summarise the passage above in a few sentences.")
-    return _haystack_draft(ctx, question)
-
-
-def explain(ctx: TaskContext) -> Draft:
-    """Explain the longest complete speech of the passage, or what its main speaker wants (seeded choice);
-    code: what its first top-level definition does; docs: what the passage describes."""
-    variant = ctx.rng.choice(("speech", "want"))
-    if ctx.domain != "plays":
-        def other(lines: list[str]) -> str:
-            names = _definitions(lines)
-            if ctx.domain == "code" and names:
-                return f"Explain briefly, in plain English, what `{names[0][0]}` in the code above does and how."
-            return "Explain briefly, in plain English, what the passage above describes and how to use it."
-        return _haystack_draft(ctx, other, meta={"variant": "definition" if ctx.domain == "code" else "passage"})
-
-    def question(lines: list[str]) -> str:
-        found = speeches(lines)
-        if not found:
-            return "Explain briefly, in plain modern English, what happens in the passage above."
-        if variant == "speech":
-            label, start, end = max(found, key=lambda s: (s[2] - s[1], -s[1]))
-            first = lines[start].strip()
-            return (f'Explain briefly, in plain modern English, what the speech above that begins "{first}" '
-                    f'(spoken by {label.rstrip(".")}) means.')
-        lines_by = {}
-        for label, start, end in found:
-            lines_by[label] = lines_by.get(label, 0) + end - start
-        label = max(lines_by, key=lambda lab: (lines_by[lab], lab))
-        return (f"Based on the passage above, what does {label.rstrip('.')} want, and why? "
-                "Answer in a few sentences.")
-
-    return _haystack_draft(ctx, question, meta={"variant": variant})
-
-
-def list_task(ctx: TaskContext) -> Draft:
-    """List the characters who speak, or the main events (seeded choice); code: the top-level
-    definitions; docs: the main points."""
-    variant = ctx.rng.choice(("speakers", "events"))
-    if ctx.domain == "code":
-        return _haystack_draft(ctx, "List the functions and classes defined at the top level of the code above, "
-                               "one name per line.", meta={"variant": "definitions"},
-                               describe=lambda context: {"definitions": [n for n, _ in
-                                                                         _definitions(context.split("\n"))]})
-    if ctx.domain == "docs":
-        return _haystack_draft(ctx, "List the main points of the passage above as short bullet points.",
-                               meta={"variant": "points"})
-    question = ("List the characters who speak in the passage above, one per line."
-                if variant == "speakers" else
-                "List the main events of the passage above as short bullet points.")
-    return _haystack_draft(ctx, question, meta={"variant": variant},
-                           describe=lambda context: {"speakers": speakers(context.split("\n"))})
 
 
 TASKS: dict[str, Callable[[TaskContext], Draft]] = {

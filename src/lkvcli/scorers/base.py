@@ -1,16 +1,11 @@
-"""The scorer interface, the registry, and the shared prefill/pooling every scorer goes through.
+"""The scorer interface, the registration decorator, and the shared prefill/pooling every scorer goes through.
 
 A scorer is a small ``@dataclass`` of options registered under a name. Given a
-:class:`ScoreContext` (the model, the prompt, its prefill state and whatever the scorer
-``needs``) it returns importance scores of shape ``(batch, layers, kv_heads, L)``; every
-method then goes through the same eviction code (:mod:`lkvcli.evict`), so the only
-difference between methods is the score (and, for PyramidKV, the per-layer budgets).
-
-``needs`` tells the runtime what to prepare and lets ``lkv eval`` time each part:
-``prefill_attention`` (attention of chosen prompt queries, captured during prefill),
-``cache_keys`` (reads the prefill cache), ``extra_forward`` (runs tokens over the cache),
-``draft_generation`` (generates draft tokens), ``adapter`` (a trained lookahead module),
-``targets`` (the collected ground truth).
+:class:`ScoreContext` (the model, the prompt, its prefill state, the collected record and the
+shared ``resources`` such as a lookahead adapter) it returns importance scores of shape
+``(batch, layers, kv_heads, L)``; every method then goes through the same eviction code
+(:mod:`lkvcli.evict`), so the only difference between methods is the score (and, for PyramidKV,
+the per-layer budgets). What a scorer needs from the prefill it asks for in :meth:`Scorer.capture_spec`.
 """
 
 from __future__ import annotations
@@ -24,9 +19,10 @@ import torch
 import torch.nn.functional as F
 
 from ..attention import capture_attention, normalise
+from ..config import Validated
 from ..errors import LkvError
+from ..generate import prefill
 
-NEEDS = ("prefill_attention", "cache_keys", "extra_forward", "draft_generation", "adapter", "targets")
 _REGISTRY: dict[str, type[Scorer]] = {}
 
 
@@ -34,39 +30,11 @@ def register(name: str):
     """Class decorator: register a scorer dataclass under ``name``."""
 
     def wrap(cls):
-        unknown = set(cls.needs) - set(NEEDS)
-        if unknown:
-            raise ValueError(f"{cls.__name__}.needs has unknown entries {sorted(unknown)}")
         cls.name = name
         _REGISTRY[name] = cls
         return cls
 
     return wrap
-
-
-def available() -> list[str]:
-    """Names of the registered scorers."""
-    _load_all()
-    return sorted(_REGISTRY)
-
-
-def scorer_class(name: str) -> type[Scorer]:
-    _load_all()
-    if name not in _REGISTRY:
-        raise LkvError(f"unknown method {name!r}; known methods: {', '.join(['full', *available()])}")
-    return _REGISTRY[name]
-
-
-def get_scorer(name: str, **options) -> Scorer:
-    """Build a registered scorer from its options (validated; unknown options name the known ones)."""
-    from ..config import from_dict
-
-    return from_dict(scorer_class(name), options, where=name)
-
-
-def _load_all() -> None:
-    from . import (draft, h2o, knorm, kvzip, lookahead, oracle, pyramidkv, random_scorer, snapkv,  # noqa: F401
-                   streamingllm, tova)
 
 
 @dataclass
@@ -106,7 +74,7 @@ def position_ids(attention_mask: torch.Tensor | None, length: int, device) -> to
 
 
 @dataclass
-class Scorer:
+class Scorer(Validated):
     """Options shared by every scorer.
 
     ``sink_tokens``: always keep the first k prompt positions. ``recent_window``: always
@@ -119,7 +87,6 @@ class Scorer:
     """
 
     name: ClassVar[str] = ""
-    needs: ClassVar[tuple[str, ...]] = ()
     distribution: ClassVar[bool] = True  # scores are attention-like probabilities (KL is meaningful)
 
     sink_tokens: int = 0
@@ -197,8 +164,6 @@ def prepare_shared(scorers: dict[str, Scorer], ctx: ScoreContext) -> dict[str, S
     share one capture; no capture runs that no scorer needs, so H2O's all-query attention is
     computed only when h2o is among them). Scorers must leave the shared state as they found it.
     """
-    from ..generate import prefill
-
     L = ctx.prompt_len
     specs = {name: s.capture_spec(L) for name, s in scorers.items()}
     unique = {tuple(sorted(spec.items())) for spec in specs.values() if spec}

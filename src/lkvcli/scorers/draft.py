@@ -10,6 +10,9 @@ import torch
 from ..attention import capture_attention
 from ..compat import cache_kwargs
 from ..errors import LkvError
+from ..evict import evict, keep_indices
+from ..generate import Prefill, fork_cache, greedy_decode, prefill
+from ..models import load_model
 from .base import ScoreContext, Scorer, register
 
 
@@ -27,7 +30,6 @@ class Draft(Scorer):
     queries). In the ``context`` mode the draft continues the context. Batch size 1 only.
     """
 
-    needs = ("draft_generation", "extra_forward")
     tokens: int = 16
     draft_model: str | None = None
     compress_budget: int | None = None
@@ -46,9 +48,6 @@ class Draft(Scorer):
         return {"query_start": max(0, prompt_len - self.snapkv_window)}
 
     def raw_scores(self, ctx: ScoreContext) -> torch.Tensor:
-        from ..evict import evict, fork_cache, keep_indices
-        from ..generate import Prefill, greedy_decode
-
         if ctx.batch != 1:
             raise LkvError("the draft scorer supports batch size 1 only")
         L, state = ctx.prompt_len, ctx.state
@@ -73,9 +72,6 @@ class Draft(Scorer):
         return cap.scores()
 
     def _draft_tokens(self, ctx: ScoreContext) -> list[int]:
-        from ..generate import greedy_decode, prefill
-        from ..models import load_model
-
         drafts = ctx.resources.setdefault("draft_models", {})
         if self.draft_model not in drafts:
             loaded = load_model(self.draft_model, device=str(ctx.device))

@@ -14,7 +14,6 @@ class H2O(Scorer):
     prefill (the capture averages over queries, which ranks keys like H2O's sum). Costs
     O(L^2) extra work in chunks, no extra memory."""
 
-    needs = ("prefill_attention",)
 
     def capture_spec(self, prompt_len: int) -> dict:
         return {"query_start": 0}

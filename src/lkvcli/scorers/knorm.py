@@ -18,7 +18,6 @@ class Knorm(Scorer):
     score lowest (those layers are not evicted anyway, see :mod:`lkvcli.evict`).
     """
 
-    needs = ("cache_keys",)
     distribution = False
 
     def raw_scores(self, ctx: ScoreContext):

@@ -30,7 +30,6 @@ class KVzip(Scorer):
     (tests) the prompt is re-read with no instruction.
     """
 
-    needs: ClassVar[tuple[str, ...]] = ("extra_forward",)
     distribution: ClassVar[bool] = False  # peak attention, not a distribution
 
     sink_tokens: int = 4

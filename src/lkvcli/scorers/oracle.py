@@ -14,7 +14,6 @@ class Oracle(Scorer):
     """The record's target (the response's own attention). In the ``context`` mode, its
     restriction to the context, renormalised. Needs a targets record (batch 1)."""
 
-    needs = ("targets",)
 
     def raw_scores(self, ctx: ScoreContext):
         if ctx.record is None:

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..shapes import num_kv_heads, num_layers
 from .base import ScoreContext, Scorer, register
 
 
@@ -18,7 +19,6 @@ class Random(Scorer):
     seed: int = 0
 
     def raw_scores(self, ctx: ScoreContext):
-        from ..models import num_kv_heads, num_layers
 
         gen = torch.Generator().manual_seed(self.seed)
         shape = (ctx.batch, num_layers(ctx.model), num_kv_heads(ctx.model), ctx.prompt_len)

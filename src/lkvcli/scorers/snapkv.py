@@ -20,13 +20,13 @@ class SnapKV(Scorer):
     ``context`` mode the window is the end of the context.
     """
 
-    needs = ("prefill_attention",)
     window: int = 32
     recent_window: int | None = None  # None: window // 2
 
     def __post_init__(self):
         if self.recent_window is None:
             self.recent_window = self.window // 2
+        super().__post_init__()
 
     def validate(self) -> None:
         super().validate()

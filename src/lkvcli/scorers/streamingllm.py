@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..shapes import num_kv_heads, num_layers
 from .base import ScoreContext, Scorer, register
 
 
@@ -18,7 +19,6 @@ class StreamingLLM(Scorer):
     sink_tokens: int = 4
 
     def raw_scores(self, ctx: ScoreContext):
-        from ..models import num_kv_heads, num_layers
 
         L = ctx.prompt_len
         pos = torch.arange(L, device=ctx.device, dtype=torch.float32)

@@ -12,7 +12,6 @@ from .base import ScoreContext, Scorer, captured, register
 class TOVA(Scorer):
     """Attention of the last prompt query over the prompt (per KV head; the paper averages all heads)."""
 
-    needs = ("prefill_attention",)
 
     def capture_spec(self, prompt_len: int) -> dict:
         return {"query_start": prompt_len - 1}

@@ -1,0 +1,126 @@
+"""Files written atomically (aside, then renamed into place) and read with one clear error each.
+
+Every on-disk format of lkv (targets, training runs, adapters, bundles, results) writes
+through these helpers, so a crash at any moment leaves the old file or the new one, never a
+torn one. Only safetensors, JSON and JSONL are read or written: nothing is unpickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .errors import LkvError
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    write_bytes_atomic(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _publish(tmp: str, path: Path) -> None:
+    """Give a temporary file normal permissions and rename it into place (atomic on POSIX)."""
+    os.chmod(tmp, 0o666 & ~_umask())
+    os.replace(tmp, path)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        _publish(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+@contextmanager
+def atomic_folder(final: Path):
+    """Yield a temporary sibling folder; when the block succeeds it replaces ``final`` by a rename."""
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o777 & ~_umask())
+        if final.exists():
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def save_tensors_atomic(path: Path, tensors: dict, metadata: dict | None = None) -> None:
+    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+    os.close(fd)
+    try:
+        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
+        _publish(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def read_jsonl(path: Path, repair: bool = False, fix: str = "delete that line") -> list[dict]:
+    """The objects of a JSONL journal; ``repair`` cuts a partial last line (a crash mid-append).
+    A malformed complete line fails with its line number and ``fix``."""
+    if not path.is_file():
+        return []
+    raw = path.read_bytes()
+    good_end = raw.rfind(b"\n") + 1
+    if good_end < len(raw) and repair:
+        with open(path, "r+b") as fh:
+            fh.truncate(good_end)
+    rows = []
+    for lineno, line in enumerate(raw[:good_end].decode("utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise LkvError(f"{path} line {lineno}: malformed record ({exc.msg}); {fix}") from exc
+    return rows
+
+
+def read_tensors(path: Path, hint: str) -> dict[str, torch.Tensor]:
+    """A safetensors file; a missing or unreadable one is an LkvError ending with ``hint``."""
+    if not path.is_file():
+        raise LkvError(f"{path} is missing; {hint}")
+    try:
+        return load_file(str(path))
+    except Exception as exc:  # noqa: BLE001 - safetensors raises its own error types
+        raise LkvError(f"{path} is unreadable ({str(exc).splitlines()[0]}); {hint}") from None
+
+
+def read_json(path: Path, hint: str) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise LkvError(f"{path} is missing; {hint}") from None
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise LkvError(f"{path} is not valid JSON ({exc}); {hint}") from None
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
