@@ -12,7 +12,7 @@ import sys
 
 import pytest
 import torch
-from helpers import PROMPT, lkv, tiny_llama_folder
+from helpers import PROMPT, lkv, smollm2_folder, tiny_llama_folder
 
 from lkvcli.errors import LkvError
 
@@ -143,3 +143,57 @@ def test_readme_snippet_runs_as_written(trained_run, tmp_path, monkeypatch):
     assert printed.getvalue().count("\n") >= 2 and scope["press"].last_scores is not None
     L = scope["press"].last_scores.shape[-1]
     assert scope["press"].last_scores.shape[:2] == (2, 2) and L > 10
+
+
+@pytest.mark.integration
+def test_pipeline_answers_equal_lkv_eval_context_mode_on_smollm2(tmp_path):
+    """Real SmolLM2 records from `lkv collect` and a bundle trained on them: kvpress's pipeline, run on each
+    record's context and question as lkv splits them, answers exactly as `lkv eval --mode context` does at the
+    same budget (the press keeps ``budget`` entries per head). From text, kvpress tokenizes the context and
+    the question apart, which merges the blank line ending the context into one token (lkv's prompt,
+    tokenized whole, has two): the only difference in the token ids, checked here too."""
+    import json
+
+    pytest.importorskip("kvpress")
+    from transformers import pipeline
+
+    from lkvcli.context_mode import context_split
+    from lkvcli.models import load_model
+    from lkvcli.targets import TargetsReader
+
+    smollm2_folder()
+    targets, run, bundle_dir, results = (tmp_path / n for n in ("targets", "run", "bundle", "results"))
+    steps = [
+        ["collect", "--data", "builtin:n=3,min_tokens=250,max_tokens=400,tasks=needle+passage_qa+counting,seed=5",
+         "--out", targets, "--max-new-tokens", 8, "--device", "cpu"],
+        ["train", "--data", targets, "--out", run, "--steps", 2, "--batch-size", 1, "val_split=1",
+         "lookahead.num_tokens=4", "device=cpu", "dtype=float32"],
+        ["export", run, "--out", bundle_dir, "--no-model-check"],
+        ["eval", "--targets", targets, "--adapter", bundle_dir, "--methods", "lookahead", "--budgets", "32,64",
+         "--parts", "answers", "--split", "all", "--out", results, "mode=context", "max_new_tokens=8", "dtype=float32"],
+    ]
+    for args in steps:
+        r = lkv(*map(str, args))
+        assert r.exit_code == 0, r.output
+    rows = [json.loads(line) for line in (results / "predictions.jsonl").read_text().splitlines()]
+    ours = {(r["id"], r["budget"]): r["answer_text"] for r in rows if r["method"] == "lookahead"}
+    loaded = load_model("smollm2-135m-instruct", device="cpu", dtype="float32")
+    pipe = pipeline("kv-press-text-generation", model=loaded.model, tokenizer=loaded.tokenizer, device="cpu")
+    reader = TargetsReader(targets)
+    compared = 0
+    for i in range(len(reader)):
+        record = reader[i]
+        cut = context_split(record, loaded.tokenizer)
+        ids = record.prompt_ids[None]
+        from_text = pipe.preprocess(record.meta["context"] + "\n\n", [record.meta["question"]], answer_prefix="",
+                                    max_context_length=10**6)
+        assert from_text["questions_ids"][0].tolist() == ids[:, cut:].tolist()
+        assert from_text["context_ids"][0, -1] == loaded.tokenizer.encode("\n\n")[0]  # one token for two
+        assert from_text["context_ids"][0, :-1].tolist() == ids[0, :cut - 2].tolist()
+        for budget in (32, 64):
+            press = press_for(bundle_dir, budget=budget)
+            answer = pipe._forward({"context_ids": ids[:, :cut], "questions_ids": [ids[:, cut:]]}, max_new_tokens=8,
+                                   press=press)[0]
+            assert answer == ours[(record.id, str(budget))], (record.id, budget)
+            compared += 1
+    assert compared == 6
