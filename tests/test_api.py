@@ -2,6 +2,7 @@
 scores and eviction through lkv's runtime, and the fingerprint check."""
 
 import contextlib
+import fnmatch
 import io
 import re
 import subprocess
@@ -95,23 +96,107 @@ def test_another_base_model_is_refused(bundle, tmp_path):
     assert kv.scores(PROMPT).shape[:2] == (2, 2)
 
 
-def test_repo_ids_go_through_snapshot_download(bundle, monkeypatch):
+def fake_hub(monkeypatch, folder, calls):
+    """``hf_hub_download`` / ``snapshot_download`` serving ``folder`` as a Hub repo (recording the calls)."""
+    import shutil
+
     import huggingface_hub
+    from huggingface_hub.errors import RemoteEntryNotFoundError
+
+    def file_download(repo_id, filename, revision=None, endpoint=None):
+        calls.append(("file", repo_id, filename, revision, endpoint))
+        if not (Path(folder) / filename).is_file():
+            missing = RemoteEntryNotFoundError.__new__(RemoteEntryNotFoundError)  # what the Hub's 404 raises
+            Exception.__init__(missing, f"{filename} not in {repo_id}")
+            raise missing
+        return str(Path(folder) / filename)
+
+    def snapshot(repo_id, revision=None, endpoint=None, allow_patterns=None):
+        calls.append(("snapshot", repo_id, tuple(allow_patterns), revision, endpoint))
+        out = Path(folder).parent / f"snapshot-{len(calls)}"
+        shutil.copytree(folder, out, ignore=lambda d, names: [n for n in names if (Path(d) / n).is_file() and not any(
+            fnmatch.fnmatch(str((Path(d) / n).relative_to(folder)), pat) for pat in allow_patterns)])
+        return str(out)
+
+    monkeypatch.setattr(huggingface_hub, "hf_hub_download", file_download)
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", snapshot)
+
+
+def test_repo_ids_download_lkv_json_then_only_the_listed_files(bundle, tmp_path, monkeypatch):
+    import shutil
 
     from lkvcli import LookaheadKV
 
+    repo = shutil.copytree(bundle, tmp_path / "repo")
+    (repo / "pytorch_model.bin").write_bytes(b"not downloaded: lkv.json does not list it")
     calls = []
     monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")
-
-    def fake_download(repo_id, revision=None, endpoint=None):
-        calls.append((repo_id, revision, endpoint))
-        return str(bundle)
-
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_download)
+    fake_hub(monkeypatch, repo, calls)
     assert LookaheadKV.from_pretrained("org/lookaheadkv-tiny", revision="v1").meta["num_tokens"] == 4
-    assert calls == [("org/lookaheadkv-tiny", "v1", "http://127.0.0.1:9")]
+    assert calls[0] == ("file", "org/lookaheadkv-tiny", "lkv.json", "v1", "http://127.0.0.1:9")
+    kind, _, patterns, revision, _ = calls[1]
+    assert kind == "snapshot" and revision == "v1" and set(patterns) == {
+        "lkv.json", "README.md", "plots/*.png", "adapter_config.json", "adapter_model.safetensors",
+        "lookahead_embeddings.safetensors"}
     with pytest.raises(LkvError, match="invalid repo id"):
         LookaheadKV.from_pretrained("no/such/folder")
+
+
+def test_a_repo_without_lkv_json_is_refused_before_any_download(tmp_path, monkeypatch):
+    from lkvcli import LookaheadKV
+
+    (tmp_path / "repo").mkdir()
+    (tmp_path / "repo" / "model.safetensors").write_bytes(b"x" * 100)
+    calls = []
+    fake_hub(monkeypatch, tmp_path / "repo", calls)
+    with pytest.raises(LkvError, match="org/some-model is not an lkv bundle repository") as err:
+        LookaheadKV.from_pretrained("org/some-model")
+    assert "\n" not in str(err.value) and [c[0] for c in calls] == ["file"]
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda b: (b / "adapter_config.json").write_text('{"target_modules": "all"}'), "does not match its checksum"),
+    (lambda b: (b / "adapter_model.safetensors").unlink(), "adapter_model.safetensors is missing"),
+    (lambda b: (b / "extra.py").write_text("import os"), "extra.py is not a safetensors, JSON, Markdown or PNG"),
+    (lambda b: (b / "weights.pt").write_bytes(b"pickle"), "weights.pt is not a safetensors"),
+])
+def test_tampered_bundles_are_refused_before_loading(bundle, tmp_path, tamper, message):
+    import shutil
+
+    from lkvcli import LookaheadKV
+
+    copy = shutil.copytree(bundle, tmp_path / "copy")
+    tamper(copy)
+    with pytest.raises(LkvError, match=message) as err:
+        LookaheadKV.from_pretrained(copy)
+    assert "\n" not in str(err.value)
+
+
+def test_an_edited_model_card_still_loads(bundle, tmp_path):
+    import shutil
+
+    from lkvcli import LookaheadKV
+
+    copy = shutil.copytree(bundle, tmp_path / "copy")
+    (copy / "README.md").write_text((copy / "README.md").read_text() + "\nEdited on the Hub.\n")
+    (copy / ".gitattributes").write_text("*.safetensors filter=lfs\n")
+    assert LookaheadKV.from_pretrained(copy).meta["num_tokens"] == 4
+
+
+def test_a_bundle_never_enables_remote_code(bundle, monkeypatch):
+    import lkvcli.api as api
+    from lkvcli import LookaheadKV
+    from lkvcli.models import load_model
+
+    seen = []
+
+    def spy(source, **kwargs):
+        seen.append(kwargs)
+        return load_model(source, **kwargs)
+
+    monkeypatch.setattr(api, "load_model", spy)
+    LookaheadKV.from_pretrained(bundle)
+    assert seen and all(not k.get("trust_remote_code") for k in seen)
 
 
 def test_unreachable_repo_is_one_clear_error(monkeypatch, tmp_path):

@@ -15,9 +15,10 @@ from pathlib import Path
 import torch
 
 from .adapters import attach
-from .bundle import read_bundle
+from .bundle import LKV_JSON, read_bundle
 from .chat import chat_ids
 from .errors import LkvError
+from .files import read_json
 from .evict import compress
 from .generate import Sampling, decode_batch, stack_states, stop_token_ids
 from .hub import check_repo_id, endpoint
@@ -26,15 +27,27 @@ from .scorers import get_scorer, prepare
 
 
 def resolve_bundle(path_or_repo_id: str | Path, revision: str | None = None) -> Path:
-    """A local bundle folder, or a Hub repo downloaded (or found in the cache) with ``snapshot_download``."""
+    """A local bundle folder, or a Hub repo (or its cached copy): its ``lkv.json`` first, then only the
+    files that ``lkv.json`` lists, the model card and the plots; a repo without ``lkv.json`` is refused
+    before anything else is downloaded. :func:`lkvcli.bundle.read_bundle` then checks every file."""
     path = Path(path_or_repo_id).expanduser()
     if path.exists():
         return path
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import hf_hub_download, snapshot_download
+    from huggingface_hub.errors import RemoteEntryNotFoundError
 
     repo_id = check_repo_id(str(path_or_repo_id))
     try:
-        return Path(snapshot_download(repo_id, revision=revision, endpoint=endpoint()))
+        try:
+            manifest = Path(hf_hub_download(repo_id, LKV_JSON, revision=revision, endpoint=endpoint()))
+        except RemoteEntryNotFoundError:
+            raise LkvError(f"{repo_id} is not an lkv bundle repository (it has no {LKV_JSON}); give a repo written "
+                           "by `lkv export --push-to-hub`") from None
+        listed = list(read_json(manifest, f"{repo_id} holds a damaged {LKV_JSON}").get("files", {}))
+        return Path(snapshot_download(repo_id, revision=revision, endpoint=endpoint(),
+                                      allow_patterns=[LKV_JSON, "README.md", "plots/*.png", *listed]))
+    except LkvError:
+        raise
     except Exception as exc:  # noqa: BLE001 - offline, not found, unauthorised: one line
         raise LkvError(f"{path_or_repo_id} is not a local folder, and downloading it from the Hub failed "
                        f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}); give a bundle "

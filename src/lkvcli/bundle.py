@@ -27,6 +27,10 @@ from .lookahead import LookaheadConfig
 BUNDLE_FORMAT = "lkv-bundle"
 BUNDLE_VERSION = 1
 LKV_JSON = "lkv.json"
+CHECKED_FILES = (PEFT_CONFIG, PEFT_WEIGHTS, EMBEDDINGS)  # what lkv or peft reads: listed in lkv.json with sha256
+# Data only: a bundle holding anything else (code, pickles, other weights) is refused. The model card and
+# plots are documentation, never parsed by lkv, so they may be edited (on the Hub) without a new checksum.
+ALLOWED_SUFFIXES = (".safetensors", ".json", ".md", ".png")
 
 
 def write_bundle(folder: Path, adapter: AdapterFiles, meta: dict, base_model_id: str | None) -> dict:
@@ -41,8 +45,7 @@ def write_bundle(folder: Path, adapter: AdapterFiles, meta: dict, base_model_id:
         else:  # an adapter folder of lkv before the peft layout
             save_tensors_atomic(folder / name, data, metadata)
     meta = {**meta, "format": BUNDLE_FORMAT, "version": BUNDLE_VERSION,
-            "files": {n: {"sha256": sha256(folder / n), "bytes": (folder / n).stat().st_size}
-                      for n in (PEFT_WEIGHTS, EMBEDDINGS)}}
+            "files": {n: {"sha256": sha256(folder / n), "bytes": (folder / n).stat().st_size} for n in CHECKED_FILES}}
     write_json_atomic(folder / LKV_JSON, meta)
     return meta
 
@@ -67,8 +70,25 @@ def is_bundle(folder: str | Path) -> bool:
     return (Path(folder) / LKV_JSON).is_file()
 
 
+def check_files(folder: Path, meta: dict, hint: str) -> None:
+    """Every file is data (safetensors, JSON, Markdown, PNG), and every file ``lkv.json`` lists is there with
+    its sha256: checked before anything is loaded."""
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        relative = path.relative_to(folder)
+        if any(part.startswith(".") for part in relative.parts):  # .gitattributes of a Hub repo, caches
+            continue
+        if path.suffix not in ALLOWED_SUFFIXES:
+            raise LkvError(f"{path} is not a safetensors, JSON, Markdown or PNG file; an lkv bundle holds no code, "
+                           "pickles or other weights, so this folder is refused")
+    for name, want in meta.get("files", {}).items():
+        if not (folder / name).is_file():
+            raise LkvError(f"{folder / name} is missing (listed in {LKV_JSON}); {hint}")
+        if sha256(folder / name) != want["sha256"]:
+            raise LkvError(f"{folder / name} does not match its checksum in {LKV_JSON} (damaged or edited); {hint}")
+
+
 def read_bundle(folder: str | Path) -> Bundle:
-    """Read and check a bundle: format, version, file checksums, tensor shapes."""
+    """Read and check a bundle: format, version, file types and checksums, tensor shapes."""
     folder = Path(folder)
     hint = "export it again with `lkv export RUN_DIR --out FOLDER --overwrite`"
     meta = read_json(folder / LKV_JSON, f"{folder} is not an lkv bundle; {hint}")
@@ -77,9 +97,7 @@ def read_bundle(folder: str | Path) -> Bundle:
     if meta.get("version", 0) > BUNDLE_VERSION:
         raise LkvError(f"{folder} is bundle format v{meta['version']}; this lkv reads up to v{BUNDLE_VERSION}: "
                        "upgrade lkvcli")
-    for name, want in meta.get("files", {}).items():
-        if (folder / name).is_file() and sha256(folder / name) != want["sha256"]:
-            raise LkvError(f"{folder / name} does not match its checksum in {LKV_JSON} (damaged or edited); {hint}")
+    check_files(folder, meta, hint)
     read_json(folder / PEFT_CONFIG, hint)
     lora = read_tensors(folder / PEFT_WEIGHTS, hint)
     embeddings = read_tensors(folder / EMBEDDINGS, hint).get("embeddings")
