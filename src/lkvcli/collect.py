@@ -25,6 +25,7 @@ from .chat import chat_ids
 from .config import Validated
 from .errors import LkvError
 from .generate import greedy_decode, prefill, stop_token_ids
+from .locks import folder_lock
 from .models import DEFAULT_MODEL, LoadedModel, chat_template_digest, load_model
 from .progress import Event, Listener, ignore
 from .prompts import PromptSourceError, load_prompts, needs_tokenizer
@@ -184,61 +185,62 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
     settings = config.settings(chat_template_digest(tokenizer))
     manifest = new_manifest(loaded.source, loaded.fingerprint, settings, num_layers(model), num_kv_heads(model))
     manifest["data"] = config.data
-    writer = TargetsWriter(config.out_folder(), manifest, overwrite=config.overwrite,
-                           records_per_file=config.records_per_file)
-    summary = CollectSummary(folder=str(config.out_folder()), prompts=len(mine))
-    todo = [(i, p) for i, p in mine if p.id not in writer.done_ids]
-    summary.already_done = len(mine) - len(todo)
-    limit_ctx = context_length(model)
-    stop_ids = stop_token_ids(model, tokenizer)
-    device = loaded.device
-    emit(Event("start", "collect", summary.already_done, len(mine), f"{summary.already_done}/{len(mine)} already done"))
-    started = time.perf_counter()
+    with folder_lock(config.out_folder(), "lkv collect"):  # one writer per targets folder
+        writer = TargetsWriter(config.out_folder(), manifest, overwrite=config.overwrite,
+                               records_per_file=config.records_per_file)
+        summary = CollectSummary(folder=str(config.out_folder()), prompts=len(mine))
+        todo = [(i, p) for i, p in mine if p.id not in writer.done_ids]
+        summary.already_done = len(mine) - len(todo)
+        limit_ctx = context_length(model)
+        stop_ids = stop_token_ids(model, tokenizer)
+        device = loaded.device
+        emit(Event("start", "collect", summary.already_done, len(mine), f"{summary.already_done}/{len(mine)} already done"))
+        started = time.perf_counter()
 
-    def advance(skipped: str | None = None) -> None:
-        summary.seconds = time.perf_counter() - started
-        rate = (summary.prompt_tokens + summary.response_tokens) / max(summary.seconds, 1e-9)
-        done = summary.already_done + summary.written + summary.skipped_too_long + summary.skipped_empty
-        emit(Event("advance", "collect", done, len(mine), f"records, {rate:,.0f} tok/s, "
-                   f"{summary.response_tokens} generated" + (f" (skipped: {skipped})" if skipped else ""),
-                   data={"summary": summary}))
-    try:
-        for index, prompt in todo:
-            ids, text = chat_ids(tokenizer, prompt.messages)
-            if limit_ctx and len(ids) + config.max_new_tokens > limit_ctx:
-                if config.strict:
-                    raise LkvError(
-                        f"prompt {prompt.id!r} has {len(ids)} tokens; with max_new_tokens={config.max_new_tokens} it "
-                        f"exceeds the model's context of {limit_ctx}; shorten it, or drop --strict to skip such prompts"
-                    )
-                summary.skipped_too_long += 1
-                advance(f"{prompt.id} too long")
-                continue
-            prompt_ids = torch.tensor([ids], device=device)
-            tokens, targets, reason = ground_truth_targets(model, prompt_ids, config.max_new_tokens, stop_ids,
-                                                           config.reduction, tuple(sorted(set(config.extra_targets))))
-            if not targets:
-                summary.skipped_empty += 1
-                advance(f"{prompt.id} empty response")
-                continue
-            meta = {
-                "id": prompt.id, "index": index, "task": prompt.task, "answer": prompt.answer,
-                "metric": prompt.metric, "context": prompt.context, "question": prompt.question,
-                "messages": prompt.messages, "prompt_text": text,
-                "response_text": tokenizer.decode(tokens, skip_special_tokens=True), "stop_reason": reason,
-                "extra": prompt.meta,
-            }
-            spans = critical_spans(tokenizer, text, prompt)
-            if spans:
-                meta["critical_spans"] = spans
-            writer.add(meta, prompt_ids[0], torch.tensor(tokens), targets.pop("mean"), extras=targets)
-            summary.written += 1
-            summary.prompt_tokens += len(ids)
-            summary.response_tokens += len(tokens)
-            advance()
-    finally:
-        writer.close()
-        summary.seconds = time.perf_counter() - started
+        def advance(skipped: str | None = None) -> None:
+            summary.seconds = time.perf_counter() - started
+            rate = (summary.prompt_tokens + summary.response_tokens) / max(summary.seconds, 1e-9)
+            done = summary.already_done + summary.written + summary.skipped_too_long + summary.skipped_empty
+            emit(Event("advance", "collect", done, len(mine), f"records, {rate:,.0f} tok/s, "
+                       f"{summary.response_tokens} generated" + (f" (skipped: {skipped})" if skipped else ""),
+                       data={"summary": summary}))
+        try:
+            for index, prompt in todo:
+                ids, text = chat_ids(tokenizer, prompt.messages)
+                if limit_ctx and len(ids) + config.max_new_tokens > limit_ctx:
+                    if config.strict:
+                        raise LkvError(
+                            f"prompt {prompt.id!r} has {len(ids)} tokens; with max_new_tokens={config.max_new_tokens} it "
+                            f"exceeds the model's context of {limit_ctx}; shorten it, or drop --strict to skip such prompts"
+                        )
+                    summary.skipped_too_long += 1
+                    advance(f"{prompt.id} too long")
+                    continue
+                prompt_ids = torch.tensor([ids], device=device)
+                tokens, targets, reason = ground_truth_targets(model, prompt_ids, config.max_new_tokens, stop_ids,
+                                                               config.reduction, tuple(sorted(set(config.extra_targets))))
+                if not targets:
+                    summary.skipped_empty += 1
+                    advance(f"{prompt.id} empty response")
+                    continue
+                meta = {
+                    "id": prompt.id, "index": index, "task": prompt.task, "answer": prompt.answer,
+                    "metric": prompt.metric, "context": prompt.context, "question": prompt.question,
+                    "messages": prompt.messages, "prompt_text": text,
+                    "response_text": tokenizer.decode(tokens, skip_special_tokens=True), "stop_reason": reason,
+                    "extra": prompt.meta,
+                }
+                spans = critical_spans(tokenizer, text, prompt)
+                if spans:
+                    meta["critical_spans"] = spans
+                writer.add(meta, prompt_ids[0], torch.tensor(tokens), targets.pop("mean"), extras=targets)
+                summary.written += 1
+                summary.prompt_tokens += len(ids)
+                summary.response_tokens += len(tokens)
+                advance()
+        finally:
+            writer.close()
+            summary.seconds = time.perf_counter() - started
     return summary
 
 

@@ -117,7 +117,7 @@ class TargetsWriter:
                     f"{self.folder} was collected with other settings ({', '.join(diff)}); re-run with the same "
                     "settings to resume, use another --out folder, or --overwrite"
                 )
-        elif self.folder.is_dir() and any(self.folder.iterdir()):
+        elif self.folder.is_dir() and any(not p.name.startswith(".") for p in self.folder.iterdir()):
             raise LkvError(f"{self.folder} exists and is not a targets folder; give an empty or new --out folder")
         self.folder.mkdir(parents=True, exist_ok=True)
         if not path.is_file():

@@ -14,12 +14,19 @@ from ..adapters import load_adapter, validation_ids
 from ..errors import LkvError
 from ..evict import parse_budget
 from ..generate import stop_token_ids
+from ..locks import folder_lock
 from ..models import load_model, same_model
 from ..progress import Event, Listener, ignore
 from ..scorers import get_scorer
 from ..targets import TargetsReader
 from ..version import __version__
-from .aggregate import aggregate_answers, aggregate_prediction, labels_of, selected_rows, throughput
+from .aggregate import (
+    aggregate_answers,
+    aggregate_prediction,
+    labels_of,
+    selected_rows,
+    throughput,
+)
 from .config import EvalConfig
 from .engine import Timings, evaluate_record
 from .journal import Journal
@@ -147,7 +154,11 @@ def environment() -> dict:
 def evaluate(run: EvalRun, on_event: Listener | None = None) -> dict:
     """Compute the rows missing from ``OUT/predictions.jsonl`` (durable as they come), then aggregate
     every selected row; returns the results dict. Interrupted at any moment, the same call resumes."""
-    emit = on_event or ignore
+    with folder_lock(run.config.out, "lkv eval"):  # one writer per results folder
+        return _evaluate(run, on_event or ignore)
+
+
+def _evaluate(run: EvalRun, emit: Listener) -> dict:
     config, t0 = run.config, time.perf_counter()
     journal = Journal(config.out, run.settings(), overwrite=config.overwrite)
     ids = [run.reader.meta(i)["id"] for i in run.record_indices]

@@ -14,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import math
 import signal
+from contextlib import ExitStack
 import time
 from pathlib import Path
 from typing import Callable
@@ -24,6 +25,7 @@ from .. import runs
 from ..config import to_dict
 from ..context_mode import TrainingRecords
 from ..errors import LkvError
+from ..locks import folder_lock
 from ..lookahead import LookaheadAdapter
 from ..models import LoadedModel, load_model, resolve_device
 from ..progress import Event, Listener, ignore
@@ -132,6 +134,8 @@ class Trainer:
         on_cpu = config.device == "cpu" or (config.device == "auto" and resolve_device("auto").type == "cpu")
         self.accelerator = acc = Accelerator(cpu=on_cpu, log_with=config.log_with or None, project_dir=config.out)
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
+        if self.main:  # one writer per run folder (the main process writes it)
+            self._stack.enter_context(folder_lock(self.run, "lkv train"))
         resume_from = check_run_folder(config, self.run)
         acc.wait_for_everyone()  # every process has checked the run folder before the main one writes to it
         self.reader = reader = TargetsReader(config.data)
@@ -252,6 +256,10 @@ class Trainer:
 
     # ------------------------------------------------------------ the run
     def fit(self) -> dict:
+        with ExitStack() as self._stack:
+            return self._fit()
+
+    def _fit(self) -> dict:
         config = self.config
         resume_from = self.set_up()
         if resume_from is not None:
