@@ -26,6 +26,7 @@ from .config import Validated
 from .errors import LkvError
 from .generate import greedy_decode, prefill, stop_token_ids
 from .locks import folder_lock
+from .preempt import StopRequest
 from .models import DEFAULT_MODEL, LoadedModel, chat_template_digest, load_model
 from .progress import Event, Listener, ignore
 from .prompts import PromptSourceError, load_prompts, needs_tokenizer
@@ -193,7 +194,6 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
         summary.already_done = len(mine) - len(todo)
         limit_ctx = context_length(model)
         stop_ids = stop_token_ids(model, tokenizer)
-        device = loaded.device
         emit(Event("start", "collect", summary.already_done, len(mine), f"{summary.already_done}/{len(mine)} already done"))
         started = time.perf_counter()
 
@@ -205,43 +205,55 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
                        f"{summary.response_tokens} generated" + (f" (skipped: {skipped})" if skipped else ""),
                        data={"summary": summary}))
         try:
-            for index, prompt in todo:
-                ids, text = chat_ids(tokenizer, prompt.messages)
-                if limit_ctx and len(ids) + config.max_new_tokens > limit_ctx:
-                    if config.strict:
-                        raise LkvError(
-                            f"prompt {prompt.id!r} has {len(ids)} tokens; with max_new_tokens={config.max_new_tokens} it "
-                            f"exceeds the model's context of {limit_ctx}; shorten it, or drop --strict to skip such prompts"
-                        )
-                    summary.skipped_too_long += 1
-                    advance(f"{prompt.id} too long")
-                    continue
-                prompt_ids = torch.tensor([ids], device=device)
-                tokens, targets, reason = ground_truth_targets(model, prompt_ids, config.max_new_tokens, stop_ids,
-                                                               config.reduction, tuple(sorted(set(config.extra_targets))))
-                if not targets:
-                    summary.skipped_empty += 1
-                    advance(f"{prompt.id} empty response")
-                    continue
-                meta = {
-                    "id": prompt.id, "index": index, "task": prompt.task, "answer": prompt.answer,
-                    "metric": prompt.metric, "context": prompt.context, "question": prompt.question,
-                    "messages": prompt.messages, "prompt_text": text,
-                    "response_text": tokenizer.decode(tokens, skip_special_tokens=True), "stop_reason": reason,
-                    "extra": prompt.meta,
-                }
-                spans = critical_spans(tokenizer, text, prompt)
-                if spans:
-                    meta["critical_spans"] = spans
-                writer.add(meta, prompt_ids[0], torch.tensor(tokens), targets.pop("mean"), extras=targets)
-                summary.written += 1
-                summary.prompt_tokens += len(ids)
-                summary.response_tokens += len(tokens)
-                advance()
+            with StopRequest() as stop:  # SIGTERM / SIGUSR1: finish (or, after the grace period, drop) the record
+                for index, prompt in todo:
+                    stop.check()
+                    outcome = collect_record(loaded, prompt, index, config, limit_ctx, stop_ids)
+                    if isinstance(outcome, str):
+                        summary.skipped_too_long += outcome == "too long"
+                        summary.skipped_empty += outcome == "empty response"
+                        advance(f"{prompt.id} {outcome}")
+                        continue
+                    meta, prompt_ids, tokens, targets = outcome
+                    writer.add(meta, prompt_ids, torch.tensor(tokens), targets.pop("mean"), extras=targets)
+                    summary.written += 1
+                    summary.prompt_tokens += len(prompt_ids)
+                    summary.response_tokens += len(tokens)
+                    advance()
         finally:
             writer.close()
             summary.seconds = time.perf_counter() - started
     return summary
+
+
+def collect_record(loaded: LoadedModel, prompt, index: int, config: CollectConfig, limit_ctx: int | None,
+                   stop_ids: set[int]):
+    """One prompt: ``(meta, prompt_ids, response_ids, targets)`` for the writer, or why it is skipped
+    (``"too long"``, ``"empty response"``)."""
+    tokenizer = loaded.tokenizer
+    ids, text = chat_ids(tokenizer, prompt.messages)
+    if limit_ctx and len(ids) + config.max_new_tokens > limit_ctx:
+        if config.strict:
+            raise LkvError(f"prompt {prompt.id!r} has {len(ids)} tokens; with max_new_tokens={config.max_new_tokens} "
+                           f"it exceeds the model's context of {limit_ctx}; shorten it, or drop --strict to skip such "
+                           "prompts")
+        return "too long"
+    prompt_ids = torch.tensor([ids], device=loaded.device)
+    tokens, targets, reason = ground_truth_targets(loaded.model, prompt_ids, config.max_new_tokens, stop_ids,
+                                                   config.reduction, tuple(sorted(set(config.extra_targets))))
+    if not targets:
+        return "empty response"
+    meta = {
+        "id": prompt.id, "index": index, "task": prompt.task, "answer": prompt.answer,
+        "metric": prompt.metric, "context": prompt.context, "question": prompt.question,
+        "messages": prompt.messages, "prompt_text": text,
+        "response_text": tokenizer.decode(tokens, skip_special_tokens=True), "stop_reason": reason,
+        "extra": prompt.meta,
+    }
+    spans = critical_spans(tokenizer, text, prompt)
+    if spans:
+        meta["critical_spans"] = spans
+    return meta, prompt_ids[0], tokens, targets
 
 
 def summary_dict(summary: CollectSummary) -> dict:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import traceback
 from dataclasses import dataclass
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
 from ..errors import LkvError
+from ..preempt import EXIT_PREEMPTED, Stopped
 from ..progress import Event
 
 
@@ -48,6 +50,17 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+def stop_reason(exc: KeyboardInterrupt) -> str:
+    if isinstance(exc, Stopped) and exc.preempted:
+        return f"preempted ({signal.Signals(exc.signum).name}{', the record or step under way dropped' if exc.dropped else ''})"
+    return "interrupted"
+
+
+def exit_code(exc: KeyboardInterrupt) -> int:
+    """130 for Ctrl-C, :data:`lkvcli.preempt.EXIT_PREEMPTED` (75) for a scheduler's SIGTERM / SIGUSR1."""
+    return EXIT_PREEMPTED if isinstance(exc, Stopped) and exc.preempted else 130
+
+
 def handle_errors(fn):
     """Turn user errors into one clear line and a non-zero exit; tracebacks only with --debug."""
 
@@ -57,9 +70,9 @@ def handle_errors(fn):
             return fn(*args, **kwargs)
         except (typer.Exit, typer.Abort):
             raise
-        except KeyboardInterrupt:
-            console.print("interrupted: everything written so far is kept; re-run the same command to resume")
-            raise typer.Exit(130)
+        except KeyboardInterrupt as exc:
+            console.print(f"{stop_reason(exc)}: everything written so far is kept; re-run the same command to resume")
+            raise typer.Exit(exit_code(exc))
         except LkvError as exc:
             if STATE.debug or os.environ.get("LKV_DEBUG"):
                 traceback.print_exc()

@@ -10,7 +10,7 @@ import typer
 
 from ..config import load_config
 from ..train import TrainConfig, config_fields, train
-from .common import STATE, ProgressView, console, handle_errors, out, split_recipe_args
+from .common import STATE, ProgressView, console, exit_code, handle_errors, out, split_recipe_args, stop_reason
 
 HELP = """Train a lookahead adapter on targets folders written by `lkv collect`.
 
@@ -55,12 +55,12 @@ def register(app: typer.Typer) -> None:
         try:
             with view:
                 summary = train(config, on_event=view)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt as exc:
             _end_distributed()
             where = f"checkpoint at step {view.last_checkpoint} kept" if view.last_checkpoint else "no checkpoint"
-            console.print(f"interrupted: {where}; continue with `lkv train ... --out {config.out} --resume`",
+            console.print(f"{stop_reason(exc)}: {where}; continue with `lkv train ... --out {config.out} --resume`",
                           soft_wrap=True)
-            raise typer.Exit(130) from None
+            raise typer.Exit(exit_code(exc)) from None
         _end_distributed()
         if not summary["main"]:
             return

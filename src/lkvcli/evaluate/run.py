@@ -15,6 +15,7 @@ from ..errors import LkvError
 from ..evict import parse_budget
 from ..generate import stop_token_ids
 from ..locks import folder_lock
+from ..preempt import StopRequest
 from ..models import load_model, same_model
 from ..progress import Event, Listener, ignore
 from ..scorers import get_scorer
@@ -154,11 +155,12 @@ def environment() -> dict:
 def evaluate(run: EvalRun, on_event: Listener | None = None) -> dict:
     """Compute the rows missing from ``OUT/predictions.jsonl`` (durable as they come), then aggregate
     every selected row; returns the results dict. Interrupted at any moment, the same call resumes."""
-    with folder_lock(run.config.out, "lkv eval"):  # one writer per results folder
-        return _evaluate(run, on_event or ignore)
+    # one writer per results folder; SIGTERM / SIGUSR1 stop after the record (or part step) under way
+    with folder_lock(run.config.out, "lkv eval"), StopRequest() as stop:
+        return _evaluate(run, on_event or ignore, stop)
 
 
-def _evaluate(run: EvalRun, emit: Listener) -> dict:
+def _evaluate(run: EvalRun, emit: Listener, stop: StopRequest) -> dict:
     config, t0 = run.config, time.perf_counter()
     journal = Journal(config.out, run.settings(), overwrite=config.overwrite)
     ids = [run.reader.meta(i)["id"] for i in run.record_indices]
@@ -177,6 +179,7 @@ def _evaluate(run: EvalRun, emit: Listener) -> dict:
         phase, total = "prediction+answers", len(run.record_indices)
         emit(Event("start", phase, 0, total, f"{total} records"))
         for done, (i, rid) in enumerate(zip(run.record_indices, ids), 1):
+            stop.check()
             added = evaluate_record(run, run.reader[i], journal, want_pred, want_ans, timings)
             emit(Event("advance", phase, done, total, f"{rid}: {added} rows" if added else f"{rid}: done before"))
         rows = selected_rows(journal.rows, ids, list(run.methods), labels)

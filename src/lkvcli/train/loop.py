@@ -28,6 +28,7 @@ from ..errors import LkvError
 from ..locks import folder_lock
 from ..lookahead import LookaheadAdapter
 from ..models import LoadedModel, load_model, resolve_device
+from ..preempt import StopRequest, Stopped
 from ..progress import Event, Listener, ignore
 from ..targets import TargetsReader
 from .config import RESUMABLE, TrainConfig
@@ -50,31 +51,6 @@ def lr_lambda(config: TrainConfig, total_steps: int) -> Callable[[int], float]:
         return floor + (1 - floor) * decay
 
     return factor
-
-
-class StopFlag:
-    """First Ctrl-C asks for a clean stop at the next step boundary (checkpoint, then KeyboardInterrupt);
-    a second one interrupts at once."""
-
-    def __init__(self):
-        self.requested = False
-        self._old = None
-
-    def __enter__(self):
-        try:
-            self._old = signal.signal(signal.SIGINT, self._handle)
-        except ValueError:  # not the main thread
-            self._old = None
-        return self
-
-    def _handle(self, signum, frame):
-        if self.requested:
-            raise KeyboardInterrupt
-        self.requested = True
-
-    def __exit__(self, *exc):
-        if self._old is not None:
-            signal.signal(signal.SIGINT, self._old)
 
 
 def check_run_folder(config: TrainConfig, run: Path) -> Path | None:
@@ -114,6 +90,7 @@ class Trainer:
         self.config, self.loaded, self.run = config, loaded, Path(config.out)
         self._listener = on_event or ignore
         self.start = self.step_no = 0
+        self._applying = False
         self.val_kl = self.first_val = self.loss = None
 
     def emit(self, event: Event) -> None:
@@ -226,10 +203,12 @@ class Trainer:
             offset += p.numel()
         if config.max_grad_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.params, config.max_grad_norm)
+        self._applying = True  # from here to the step count, an interrupt leaves no consistent state
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step_no += 1
+        self._applying = False
         self.loss = float(flat[-2])
         return float(flat[-1]) > 0
 
@@ -301,13 +280,14 @@ class Trainer:
     def _loop(self) -> None:
         """Steps until ``total``; the first Ctrl-C checkpoints at the next step boundary and re-raises."""
         config, t0 = self.config, time.perf_counter()
-        train_s, updating = 0.0, False
+        train_s = 0.0
         try:
-            with StopFlag() as stop:
+            with StopRequest(sigint=True) as stop:
                 while self.step_no < self.total:
-                    tic, updating = time.perf_counter(), True  # a hard interrupt inside leaves no consistent state
-                    stop_now = self.step(stop.requested)
-                    updating = False
+                    tic = time.perf_counter()
+                    # the flag travels with the step's collective, so every process stops after the same step;
+                    # a single process also stops right after the step during which it was asked
+                    stop_now = self.step(stop.requested) or (self.world == 1 and stop.requested)
                     step = self.step_no
                     train_s += time.perf_counter() - tic
                     rate = (step - self.start) / train_s
@@ -321,8 +301,8 @@ class Trainer:
                                   "time_s": time.perf_counter() - t0})
                     if config.checkpoint_every and step % config.checkpoint_every == 0 and step < self.total:
                         self.checkpoint()
-                    if stop_now:
-                        raise KeyboardInterrupt
+                    if stop_now:  # asked on some process: every process stops after this same step
+                        raise Stopped(stop.signum or signal.SIGTERM)
                     val = "-" if self.val_kl is None else f"{self.val_kl:.4f}"
                     self.emit(Event("advance", "train", step, self.total,
                                     f"loss {self.loss:.4f} val {val} {rate:.2f} steps/s, lr {lr:.2e}, "
@@ -330,7 +310,8 @@ class Trainer:
                                     log=step % config.log_every == 0 or step == self.total,
                                     data={"loss": self.loss, "val_kl": self.val_kl, "lr": lr, "steps_per_s": rate}))
         except KeyboardInterrupt:
-            if self.step_no > self.start and not updating:
+            # a step cut short before its optimiser update leaves the weights of the step before: consistent
+            if self.step_no > self.start and not self._applying:
                 self.optimizer.zero_grad(set_to_none=True)
                 self.checkpoint()
             raise
