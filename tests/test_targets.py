@@ -132,3 +132,43 @@ def test_corrupt_shard_gives_a_clear_error(tmp_path):
     (tmp_path / "t" / "targets-00000.safetensors").write_bytes(b"garbage")
     with pytest.raises(LkvError, match="cannot read record"):
         TargetsReader(tmp_path / "t")[0]
+
+
+def test_a_flipped_byte_names_the_file_and_repair_recollects_exactly_its_records(tmp_path):
+    """Every shard's sha256 is in its records' lines; the reader names a damaged file and its records; `lkv
+    collect --repair` drops them (and only them) and collects them again, equal to the first collection."""
+    import json as _json
+
+    from helpers import lkv, one_line_error
+    from tiny_models import save_tiny_model
+
+    model = save_tiny_model("llama", tmp_path / "model")
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(_json.dumps({"id": f"p{i}", "prompt": f"item {i} " * 5}) + "\n" for i in range(6)))
+    args = ["collect", "--model", model, "--data", prompts, "--out", tmp_path / "t", "--max-new-tokens", 3,
+            "--device", "cpu", "records_per_file=2"]
+    assert lkv(*args).exit_code == 0
+    before = TargetsReader(tmp_path / "t")
+    originals = {r.id: r for r in before}
+    lines = [_json.loads(x) for x in (tmp_path / "t" / "records.jsonl").read_text().splitlines()]
+    assert all(len(r["sha256"]) == 64 for r in lines)
+    shard = tmp_path / "t" / lines[2]["file"]  # holds p2 and p3
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    shard.write_bytes(bytes(data))
+    with pytest.raises(LkvError) as err:
+        list(TargetsReader(tmp_path / "t"))
+    message = str(err.value)
+    assert shard.name in message and "p2, p3" in message and "--repair" in message and "\n" not in message
+    one_line_error(lkv("eval", "--targets", tmp_path / "t", "--methods", "snapkv", "--budgets", 4, "--parts",
+                       "prediction", "--split", "all", "--out", tmp_path / "res", "--device", "cpu"), shard.name)
+    r = lkv("--json", *args, "--repair")
+    assert r.exit_code == 0, r.output
+    summary = _json.loads(r.output[r.output.index("{"):])
+    assert summary["repaired"] == 2 and summary["written"] == 2 and summary["already_done"] == 4
+    after = TargetsReader(tmp_path / "t")
+    assert sorted(after.ids()) == sorted(originals)
+    for record in after:
+        ref = originals[record.id]
+        assert torch.equal(record.prompt_ids, ref.prompt_ids) and torch.equal(record.target, ref.target)
+        assert all(torch.equal(record.extras[k], ref.extras[k]) for k in ref.extras)

@@ -56,6 +56,7 @@ class CollectConfig(Validated):
     records_per_file: int = 16
     strict: bool = False
     overwrite: bool = False
+    repair: bool = False  # drop the records of missing or damaged shard files first, then collect them again
     device: str = "auto"
     dtype: str = "auto"
     trust_remote_code: bool = False
@@ -102,6 +103,7 @@ class CollectSummary:
     prompts: int = 0
     written: int = 0
     already_done: int = 0
+    repaired: int = 0  # records of damaged shard files dropped and collected again
     skipped_too_long: int = 0
     skipped_empty: int = 0
     prompt_tokens: int = 0
@@ -187,11 +189,12 @@ def collect(config: CollectConfig, *, loaded: LoadedModel | None = None, on_even
     manifest = new_manifest(loaded.source, loaded.fingerprint, settings, num_layers(model), num_kv_heads(model))
     manifest["data"] = config.data
     with folder_lock(config.out_folder(), "lkv collect"):  # one writer per targets folder
-        writer = TargetsWriter(config.out_folder(), manifest, overwrite=config.overwrite,
+        writer = TargetsWriter(config.out_folder(), manifest, overwrite=config.overwrite, repair=config.repair,
                                records_per_file=config.records_per_file)
         summary = CollectSummary(folder=str(config.out_folder()), prompts=len(mine))
         todo = [(i, p) for i, p in mine if p.id not in writer.done_ids]
         summary.already_done = len(mine) - len(todo)
+        summary.repaired = len(writer.repaired)
         limit_ctx = context_length(model)
         stop_ids = stop_token_ids(model, tokenizer)
         emit(Event("start", "collect", summary.already_done, len(mine), f"{summary.already_done}/{len(mine)} already done"))

@@ -27,7 +27,7 @@ from safetensors import safe_open
 from .version import __version__
 from .attention import normalise
 from .errors import LkvError
-from .files import read_jsonl, save_tensors_atomic, write_json_atomic
+from .files import read_jsonl, save_tensors_atomic, sha256, write_bytes_atomic, write_json_atomic
 from .models import same_model
 
 FORMAT = "lkv-targets"
@@ -84,7 +84,8 @@ def densify(indices, values, offsets, shape) -> torch.Tensor:
 class TargetsWriter:
     """Append records to a targets folder; resumable, atomic, refuses another model's folder."""
 
-    def __init__(self, folder: str | Path, manifest: dict, *, overwrite: bool = False, records_per_file: int = 16):
+    def __init__(self, folder: str | Path, manifest: dict, *, overwrite: bool = False, records_per_file: int = 16,
+                 repair: bool = False):
         self.folder = Path(folder)
         self.manifest = manifest
         self.records_per_file = max(1, records_per_file)
@@ -93,7 +94,10 @@ class TargetsWriter:
         self.sparse_mass = manifest["settings"].get("sparse_mass", 0.99)
         self.sparse_top_k = manifest["settings"].get("sparse_top_k")
         self._pending: list[tuple[dict, dict]] = []
+        self.repaired: list[str] = []  # ids of the records dropped by repair (collected again)
         self._open(overwrite)
+        if repair:
+            self._repair()
 
     def _open(self, overwrite: bool) -> None:
         path = self.folder / MANIFEST
@@ -126,6 +130,19 @@ class TargetsWriter:
         self.done_ids = {r["id"] for r in self.records}
         used = [int(p.stem.split("-")[1]) for p in self.folder.glob("targets-*.safetensors")]
         self._next_file = max(used, default=-1) + 1
+
+    def _repair(self) -> None:
+        """Drop the records whose shard file is missing or fails its checksum (records.jsonl rewritten
+        atomically, the damaged files deleted), so that resuming collects exactly them again."""
+        damaged = {name for name in {r["file"] for r in self.records} if shard_problem(self.folder, name, self.records)}
+        if not damaged:
+            return
+        keep = [r for r in self.records if r["file"] not in damaged]
+        self.repaired = [r["id"] for r in self.records if r["file"] in damaged]
+        write_bytes_atomic(self.folder / RECORDS, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep).encode())
+        for name in damaged:
+            (self.folder / name).unlink(missing_ok=True)
+        self.records, self.done_ids = keep, {r["id"] for r in keep}
 
     def _wipe(self) -> None:
         for p in self.folder.iterdir():
@@ -170,9 +187,10 @@ class TargetsWriter:
         name = f"targets-{self._next_file:05d}.safetensors"
         tensors = {k: v for _, t in self._pending for k, v in t.items()}
         save_tensors_atomic(self.folder / name, tensors, metadata={"format": FORMAT, "version": str(VERSION)})
+        digest = sha256(self.folder / name)
         lines = []
         for meta, _ in self._pending:
-            meta = {**meta, "file": name}
+            meta = {**meta, "file": name, "sha256": digest}
             lines.append(json.dumps(meta, ensure_ascii=False) + "\n")
             self.records.append(meta)
             self.done_ids.add(meta["id"])
@@ -185,6 +203,17 @@ class TargetsWriter:
 
     def close(self) -> None:
         self.flush()
+
+
+def shard_problem(folder: Path, name: str, records: list[dict]) -> str | None:
+    """Why shard ``name`` cannot be trusted (missing, or not the bytes its records.jsonl lines hash), or None."""
+    path = Path(folder) / name
+    if not path.is_file():
+        return "missing"
+    want = {r.get("sha256") for r in records if r["file"] == name} - {None}
+    if want and sha256(path) not in want:
+        return "damaged (its sha256 differs from records.jsonl)"
+    return None
 
 
 def read_manifest(folder: Path) -> dict:
@@ -232,6 +261,7 @@ class TargetsReader:
             if not same_model(first["model"]["fingerprint"], m["model"]["fingerprint"]):
                 raise LkvError(f"{folder} was collected for another model than {self.folders[0]}; read them separately")
         self.entries: list[tuple[Path, dict]] = []
+        self._verified: set[Path] = set()
         seen = set()
         for folder in self.folders:
             for rec in _read_records(folder):
@@ -261,9 +291,24 @@ class TargetsReader:
     def meta(self, i: int) -> dict:
         return self.entries[i][1]
 
+    def _verify(self, folder: Path, name: str) -> None:
+        """A shard's checksum, once per reader: a damaged file names itself, its records and the fix."""
+        path = folder / name
+        if path in self._verified:
+            return
+        records = [rec for f, rec in self.entries if f == folder and rec["file"] == name]
+        problem = shard_problem(folder, name, records)
+        if problem:
+            ids = [rec["id"] for rec in records]
+            shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")
+            raise LkvError(f"{path} is {problem}: records {shown} cannot be read; run the same `lkv collect` "
+                           "with --repair to collect exactly those again")
+        self._verified.add(path)
+
     def __getitem__(self, i: int) -> TargetRecord:
         folder, rec = self.entries[i]
         rid, path = rec["id"], folder / rec["file"]
+        self._verify(folder, rec["file"])
         try:
             with safe_open(str(path), framework="pt") as fh:
                 get = fh.get_tensor

@@ -42,6 +42,7 @@ def collect_command(
     shard_index: Optional[int] = typer.Option(None, "--shard-index", help="Which of the --num-shards parts this process collects (0-based). (default: 0)"),
     strict: bool = typer.Option(False, "--strict", help="Fail on a prompt longer than the model's context instead of skipping it."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace a targets folder collected for another model or with other settings."),
+    repair: bool = typer.Option(False, "--repair", help="Check every shard file against its sha256, drop the records of damaged or missing ones, and collect exactly those again."),
     device: Optional[str] = typer.Option(None, "--device", help="auto, cpu or cuda. (default: auto)"),
     dtype: Optional[str] = typer.Option(None, "--dtype", help="auto, float32 or bfloat16. (default: auto)"),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code", help="Allow the model repository's own code to run."),
@@ -50,7 +51,7 @@ def collect_command(
     cli = dict(model=model, data=data, out=out_dir, max_new_tokens=max_new_tokens, reduction=reduction, storage=storage,
                storage_dtype=storage_dtype, sparse_mass=sparse_mass, sparse_top_k=sparse_top_k, limit=limit, seed=seed, num_shards=num_shards,
                shard_index=shard_index, device=device, dtype=dtype)
-    cli.update({k: True for k, v in dict(strict=strict, overwrite=overwrite, trust_remote_code=trust_remote_code).items() if v})
+    cli.update({k: True for k, v in dict(strict=strict, overwrite=overwrite, repair=repair, trust_remote_code=trust_remote_code).items() if v})
     config = load_config(CollectConfig, recipe, "collect", cli, extra)
     console.print(f"collect: model [bold]{config.model}[/], data [bold]{config.data}[/] -> {config.out_folder()}")
 
@@ -65,7 +66,7 @@ def _report(summary) -> None:
         out.print_json(json.dumps(data))
         return
     table = Table(title="lkv collect", show_header=False)
-    for key in ("folder", "prompts", "written", "already_done", "skipped_too_long", "skipped_empty",
+    for key in ("folder", "prompts", "written", "already_done", "repaired", "skipped_too_long", "skipped_empty",
                 "prompt_tokens", "response_tokens"):
         table.add_row(key.replace("_", " "), str(data[key]))
     table.add_row("seconds", f"{summary.seconds:.1f}")
