@@ -130,7 +130,7 @@ def test_reader_refuses_mixed_models_and_missing_folders(tmp_path):
 def test_corrupt_shard_gives_a_clear_error(tmp_path):
     write(tmp_path / "t", 1)
     (tmp_path / "t" / "targets-00000.safetensors").write_bytes(b"garbage")
-    with pytest.raises(LkvError, match="cannot read record"):
+    with pytest.raises(LkvError, match="targets-00000.safetensors is damaged .*--repair"):
         TargetsReader(tmp_path / "t")[0]
 
 

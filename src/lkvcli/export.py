@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import faults
 from .adapter_folder import AdapterFiles
 from .config import Validated
 from .adapters import attach
@@ -281,6 +282,7 @@ def export(run: str | Path, out: str | Path, *, checkpoint: str = "latest", eval
         if out.exists():
             old = out.with_name(f".{out.name}.old-{os.getpid()}")
             os.replace(out, old)
+        faults.point("bundle-rename", out)
         os.replace(tmp, out)
         if old is not None:
             shutil.rmtree(old, ignore_errors=True)

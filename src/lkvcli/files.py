@@ -16,8 +16,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import load_file, save
 
+from . import faults
 from .errors import LkvError
 
 
@@ -44,6 +45,7 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
             fh.write(data)
             fh.flush()
             os.fsync(fh.fileno())
+        faults.point("file-write", path)
         _publish(tmp, path)
     finally:
         if os.path.exists(tmp):
@@ -59,6 +61,7 @@ def atomic_folder(final: Path):
     try:
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
+        faults.point("folder-rename", final)
         if final.exists():
             shutil.rmtree(final)
         os.replace(tmp, final)
@@ -68,14 +71,31 @@ def atomic_folder(final: Path):
 
 
 def save_tensors_atomic(path: Path, tensors: dict, metadata: dict | None = None) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        save_file({k: v.contiguous() for k, v in tensors.items()}, tmp, metadata=metadata)
-        _publish(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    """A safetensors file, serialised in memory and written like any other file (so a full disk is an
+    ``OSError`` naming the file)."""
+    write_bytes_atomic(Path(path), save({k: v.contiguous() for k, v in tensors.items()}, metadata=metadata))
+
+
+def remove_leftovers(folder: Path) -> None:
+    """Delete what an atomic write left behind when its process died before the rename (``*.tmp`` files,
+    ``.NAME.tmp-*`` folders), in ``folder`` and its sub-folders. Only the folder's lock holder calls it."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    for path in sorted(folder.rglob("*"), reverse=True):
+        if path.is_file() and path.name.endswith(".tmp"):
+            path.unlink(missing_ok=True)
+        elif path.is_dir() and path.name.startswith(".") and ".tmp-" in path.name:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one journal line and make it durable before returning."""
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write(line if line.endswith("\n") else line + "\n")
+        fh.flush()
+        faults.point("journal-line", path)
+        os.fsync(fh.fileno())
 
 
 def read_jsonl(path: Path, repair: bool = False, fix: str = "delete that line") -> list[dict]:

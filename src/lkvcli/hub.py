@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from . import faults
 from .errors import LkvError
 
 
@@ -45,6 +46,7 @@ def push_folder(folder: str | Path, repo_id: str, *, private: bool = False, revi
         raise LkvError("pushing needs a Hugging Face token with write access: set HF_TOKEN or run `hf auth login` "
                        f"(nothing was sent; the bundle at {folder} is ready)")
     server = endpoint()
+    faults.point("push", folder)
     api = HfApi(endpoint=server, token=token)
     try:
         api.create_repo(repo_id, private=private, exist_ok=True)

@@ -22,7 +22,7 @@ import torch
 
 from .adapter_folder import AdapterFiles, is_adapter_folder, read_adapter, save_adapter
 from .errors import LkvError
-from .files import (atomic_folder, load_file, read_json, read_jsonl, save_tensors_atomic, write_bytes_atomic,
+from .files import (append_line, atomic_folder, load_file, read_json, read_jsonl, save_tensors_atomic, write_bytes_atomic,
                     write_json_atomic)
 from .version import __version__
 
@@ -82,8 +82,7 @@ def read_config(run: Path) -> dict:
 
 # ------------------------------------------------------------------ metrics.jsonl
 def append_metrics(run: Path, record: dict) -> None:
-    with open(Path(run) / METRICS, "a", encoding="utf-8") as fh:
-        fh.write(json.dumps(record) + "\n")
+    append_line(Path(run) / METRICS, json.dumps(record))
 
 
 def trim_metrics(run: Path, step: int) -> None:

@@ -15,7 +15,6 @@ memory and never leaves a corrupt file. Several folders (for example the
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -27,7 +26,7 @@ from safetensors import safe_open
 from .version import __version__
 from .attention import normalise
 from .errors import LkvError
-from .files import read_jsonl, save_tensors_atomic, sha256, write_bytes_atomic, write_json_atomic
+from .files import append_line, read_jsonl, remove_leftovers, save_tensors_atomic, sha256, write_bytes_atomic, write_json_atomic
 from .models import same_model
 
 FORMAT = "lkv-targets"
@@ -103,6 +102,7 @@ class TargetsWriter:
         path = self.folder / MANIFEST
         if self.folder.exists() and not self.folder.is_dir():
             raise LkvError(f"{self.folder} is a file; give a folder for the targets")
+        remove_leftovers(self.folder)
         if path.is_file() and overwrite:
             self._wipe()
         elif path.is_file():
@@ -128,8 +128,10 @@ class TargetsWriter:
             write_json_atomic(path, self.manifest)
         self.records = _read_records(self.folder, repair=True)
         self.done_ids = {r["id"] for r in self.records}
-        used = [int(p.stem.split("-")[1]) for p in self.folder.glob("targets-*.safetensors")]
-        self._next_file = max(used, default=-1) + 1
+        referenced = {r["file"] for r in self.records}
+        for orphan in (p for p in self.folder.glob("targets-*.safetensors") if p.name not in referenced):
+            orphan.unlink()  # written by a run that died before appending its records' lines
+        self._next_file = max((int(Path(name).stem.split("-")[1]) for name in referenced), default=-1) + 1
 
     def _repair(self) -> None:
         """Drop the records whose shard file is missing or fails its checksum (records.jsonl rewritten
@@ -186,7 +188,8 @@ class TargetsWriter:
             return
         name = f"targets-{self._next_file:05d}.safetensors"
         tensors = {k: v for _, t in self._pending for k, v in t.items()}
-        save_tensors_atomic(self.folder / name, tensors, metadata={"format": FORMAT, "version": str(VERSION)})
+        # one metadata key: safetensors writes a map of several in a random order, and a shard must be reproducible
+        save_tensors_atomic(self.folder / name, tensors, metadata={"format": f"{FORMAT}/{VERSION}"})
         digest = sha256(self.folder / name)
         lines = []
         for meta, _ in self._pending:
@@ -194,10 +197,7 @@ class TargetsWriter:
             lines.append(json.dumps(meta, ensure_ascii=False) + "\n")
             self.records.append(meta)
             self.done_ids.add(meta["id"])
-        with open(self.folder / RECORDS, "a", encoding="utf-8") as fh:
-            fh.write("".join(lines))
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_line(self.folder / RECORDS, "".join(lines))
         self._next_file += 1
         self._pending = []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import signal
@@ -50,6 +51,12 @@ def fail(message: str, code: int = 2) -> None:
     raise typer.Exit(code)
 
 
+DISK_ERRORS = {errno.ENOSPC: "no space left on the device", errno.EDQUOT: "disk quota exceeded",
+               errno.EROFS: "read-only file system", errno.EACCES: "permission denied", errno.EPERM: "permission denied"}
+DISK_FIX = ("everything complete so far is kept: free space or fix the permissions (or choose another --out), then "
+            "re-run the same command to resume")
+
+
 def stop_reason(exc: KeyboardInterrupt) -> str:
     if isinstance(exc, Stopped) and exc.preempted:
         return f"preempted ({signal.Signals(exc.signum).name}{', the record or step under way dropped' if exc.dropped else ''})"
@@ -80,6 +87,8 @@ def handle_errors(fn):
         except Exception as exc:  # noqa: BLE001
             if STATE.debug or os.environ.get("LKV_DEBUG"):
                 raise
+            if isinstance(exc, OSError) and exc.errno in DISK_ERRORS:  # full disk, read-only, permissions
+                fail(f"{DISK_ERRORS[exc.errno]} writing {exc.filename or 'an output file'}; {DISK_FIX}")
             fail(f"{type(exc).__name__}: {exc} (re-run with --debug for the traceback)", code=1)
 
     return wrapper

@@ -10,11 +10,10 @@ change between runs (new rows are added, aggregates use only the selected ones).
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from ..errors import LkvError
-from ..files import read_jsonl, write_json_atomic
+from ..files import append_line, read_jsonl, remove_leftovers, write_json_atomic
 
 PREDICTIONS = "predictions.jsonl"
 SETTINGS = "journal.json"
@@ -44,6 +43,7 @@ class Journal:
 
     def __init__(self, folder: str | Path, settings: dict, overwrite: bool = False):
         self.folder = Path(folder)
+        remove_leftovers(self.folder)
         self.path = self.folder / PREDICTIONS
         settings = {"format": JOURNAL_FORMAT, "version": 1, **settings}
         old = self._old_settings()
@@ -81,9 +81,6 @@ class Journal:
         key = row_key(row)
         if key in self.done:
             return
-        with open(self.path, "a", encoding="utf-8") as fh:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-            fh.flush()
-            os.fsync(fh.fileno())
+        append_line(self.path, json.dumps(row, ensure_ascii=False))
         self.rows.append(row)
         self.done.add(key)

@@ -25,6 +25,7 @@ from .. import runs
 from ..config import to_dict
 from ..context_mode import TrainingRecords
 from ..errors import LkvError
+from ..files import remove_leftovers
 from ..locks import folder_lock
 from ..lookahead import LookaheadAdapter
 from ..models import LoadedModel, load_model, resolve_device
@@ -57,7 +58,7 @@ def check_run_folder(config: TrainConfig, run: Path) -> Path | None:
     """Check the run folder against ``resume``; returns the checkpoint to resume from."""
     latest = runs.latest_checkpoint(run)
     if not config.resume:
-        if latest is not None or (run / runs.CONFIG).exists():
+        if latest is not None:  # a folder with settings but no checkpoint yet holds nothing to keep
             raise LkvError(f"{run} already holds a training run; pass --resume to continue it or choose another --out")
         return None
     if latest is None:
@@ -113,6 +114,7 @@ class Trainer:
         self.rank, self.world, self.main = acc.process_index, acc.num_processes, acc.is_main_process
         if self.main:  # one writer per run folder (the main process writes it)
             self._stack.enter_context(folder_lock(self.run, "lkv train"))
+            remove_leftovers(self.run)
         resume_from = check_run_folder(config, self.run)
         acc.wait_for_everyone()  # every process has checked the run folder before the main one writes to it
         self.reader = reader = TargetsReader(config.data)
