@@ -118,7 +118,8 @@ def test_a_fault_at_every_write_point_then_resume(world, name, point, first, tmp
 
 def test_every_command_passes_its_write_points(world):
     points = world["points"]
-    assert points["collect"]["file-write"] >= 3 and points["collect"]["journal-line"] == 3  # 5 records, 2 per file
+    # 5 records, 2 per file: each record pending at once (file + line), then 3 shards (file + lines)
+    assert points["collect"]["file-write"] == 1 + 5 + 3 and points["collect"]["journal-line"] == 5 + 3
     assert points["train"]["folder-rename"] >= 3 and points["train"]["journal-line"] >= 2
     assert points["eval"]["journal-line"] >= 10 and points["export"]["bundle-rename"] == 1
 
@@ -128,11 +129,12 @@ def test_every_command_passes_its_write_points(world):
 def test_disk_and_permission_faults_are_one_line_and_lose_nothing(world, tmp_path, code, needle):
     out = tmp_path / "t"
     command = world["commands"]["collect"](out)
-    failed = run(command, {"LKV_FAULT": f"file-write:3:{code}"}, check=False)  # the second shard file
+    failed = run(command, {"LKV_FAULT": f"file-write:7:{code}"}, check=False)  # the second shard file
     errors = [line for line in failed.stderr.splitlines() if line.startswith("error:")]
     assert failed.returncode == 2 and "Traceback" not in failed.stderr
     assert len(errors) == 1 and needle in errors[0].lower() and "targets-00001.safetensors" in errors[0], errors
     kept = [json.loads(x)["id"] for x in (out / "records.jsonl").read_text().splitlines()]
-    assert kept == ["p0", "p1"] and not list(out.glob("*.tmp"))
+    waiting = [json.loads(x)["id"] for x in (out / "pending.jsonl").read_text().splitlines()]
+    assert kept == ["p0", "p1"] and waiting == ["p2", "p3"] and not list(out.rglob("*.tmp"))  # nothing lost
     run(command)
     assert same_files(out, world["root"] / "ref-collect")

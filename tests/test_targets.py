@@ -172,3 +172,25 @@ def test_a_flipped_byte_names_the_file_and_repair_recollects_exactly_its_records
         ref = originals[record.id]
         assert torch.equal(record.prompt_ids, ref.prompt_ids) and torch.equal(record.target, ref.target)
         assert all(torch.equal(record.extras[k], ref.extras[k]) for k in ref.extras)
+
+
+def test_a_finished_record_is_durable_before_its_shard_is_written(tmp_path):
+    """records_per_file=16: three finished records, then the process dies (no close): the next writer takes
+    them up again (not to be collected again) and writes them, equal to an uninterrupted folder."""
+    w = TargetsWriter(tmp_path / "t", manifest(), records_per_file=16)
+    for i in range(3):
+        w.add({"id": f"r{i}", "task": "needle"}, torch.arange(10 + i), torch.arange(3), random_target(10 + i, i))
+    assert not (tmp_path / "t" / RECORDS).exists() or not (tmp_path / "t" / RECORDS).read_text()
+    del w  # a crash: nothing flushed
+    again = TargetsWriter(tmp_path / "t", manifest(), records_per_file=16)
+    assert again.done_ids == {"r0", "r1", "r2"}
+    again.add({"id": "r3", "task": "needle"}, torch.arange(13), torch.arange(3), random_target(13, 3))
+    again.close()
+    ref = TargetsWriter(tmp_path / "ref", manifest(), records_per_file=16)
+    for i in range(4):
+        ref.add({"id": f"r{i}", "task": "needle"}, torch.arange(10 + i), torch.arange(3), random_target(10 + i, i))
+    ref.close()
+    assert (tmp_path / "t" / "targets-00000.safetensors").read_bytes() == \
+        (tmp_path / "ref" / "targets-00000.safetensors").read_bytes()
+    assert (tmp_path / "t" / RECORDS).read_text() == (tmp_path / "ref" / RECORDS).read_text()
+    assert not (tmp_path / "t" / "pending").exists() and not (tmp_path / "t" / "pending.jsonl").exists()

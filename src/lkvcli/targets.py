@@ -5,10 +5,12 @@ Layout (format ``lkv-targets`` version 1, documented in docs/formats.md)::
     OUT/manifest.json               model fingerprint, settings, lkv version
     OUT/records.jsonl               one JSON object per record, appended as shard files land
     OUT/targets-00000.safetensors   tensors of up to ``records_per_file`` records
+    OUT/pending/, OUT/pending.jsonl each finished record at once, until its shard is written
 
 Every file is written aside and renamed into place; a record line is appended only once
-its tensors are on disk, so a crash at any moment loses at most the records still in
-memory and never leaves a corrupt file. Several folders (for example the
+its tensors are on disk, and a finished record is durable in ``pending/`` before it waits
+for its shard, so a crash at any moment loses at most the record in flight and never leaves
+a corrupt file. Several folders (for example the
 ``shard-I-of-N`` folders of a parallel collection) read as one.
 """
 
@@ -26,13 +28,14 @@ from safetensors import safe_open
 from .version import __version__
 from .attention import normalise
 from .errors import LkvError
-from .files import append_line, read_jsonl, remove_leftovers, save_tensors_atomic, sha256, write_bytes_atomic, write_json_atomic
+from .files import append_line, load_file, read_jsonl, remove_leftovers, save_tensors_atomic, sha256, write_bytes_atomic, write_json_atomic
 from .models import same_model
 
 FORMAT = "lkv-targets"
 VERSION = 1
 MANIFEST = "manifest.json"
 RECORDS = "records.jsonl"
+PENDING = "pending"  # finished records not yet in a shard: PENDING/NNNNNN.safetensors + PENDING.jsonl
 STORAGE_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
 
 
@@ -132,6 +135,20 @@ class TargetsWriter:
         for orphan in (p for p in self.folder.glob("targets-*.safetensors") if p.name not in referenced):
             orphan.unlink()  # written by a run that died before appending its records' lines
         self._next_file = max((int(Path(name).stem.split("-")[1]) for name in referenced), default=-1) + 1
+        self._restore_pending()
+
+    def _restore_pending(self) -> None:
+        """Finished records of an interrupted run that were waiting for their shard: back in the queue."""
+        for row in read_jsonl(self.folder / f"{PENDING}.jsonl", repair=True):
+            path = self.folder / PENDING / row.pop("pending")
+            if row["id"] not in self.done_ids and path.is_file():
+                self._pending.append((row, load_file(str(path))))
+                self.done_ids.add(row["id"])  # durable: not to be collected again
+        if not self._pending:  # none left waiting (their shard was written before the crash)
+            (self.folder / f"{PENDING}.jsonl").unlink(missing_ok=True)
+            shutil.rmtree(self.folder / PENDING, ignore_errors=True)
+        elif len(self._pending) >= self.records_per_file:
+            self.flush()
 
     def _repair(self) -> None:
         """Drop the records whose shard file is missing or fails its checksum (records.jsonl rewritten
@@ -144,13 +161,14 @@ class TargetsWriter:
         write_bytes_atomic(self.folder / RECORDS, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in keep).encode())
         for name in damaged:
             (self.folder / name).unlink(missing_ok=True)
-        self.records, self.done_ids = keep, {r["id"] for r in keep}
+        self.records = keep
+        self.done_ids = {r["id"] for r in keep} | {m["id"] for m, _ in self._pending}
 
     def _wipe(self) -> None:
         for p in self.folder.iterdir():
-            if p.name in (MANIFEST, RECORDS) or p.name.startswith("targets-") or p.name.endswith(".tmp"):
+            if p.name in (MANIFEST, RECORDS, f"{PENDING}.jsonl") or p.name.startswith("targets-") or p.name.endswith(".tmp"):
                 p.unlink()
-            elif p.is_dir() and p.name.startswith("shard-"):
+            elif p.is_dir() and (p.name.startswith("shard-") or p.name == PENDING):
                 shutil.rmtree(p)
 
     def add(self, meta: dict, prompt_ids: torch.Tensor, response_ids: torch.Tensor, target: torch.Tensor,
@@ -158,7 +176,7 @@ class TargetsWriter:
         """Queue one record (``extras``: further targets of the same shape by name, such as ``max``);
         shard files are written every ``records_per_file`` records."""
         rid = meta["id"]
-        if rid in self.done_ids or any(m["id"] == rid for m, _ in self._pending):
+        if rid in self.done_ids:
             raise LkvError(f"record id {rid!r} is already in {self.folder}; record ids must be unique")
         tensors = {
             f"{rid}.prompt_ids": prompt_ids.reshape(-1).to("cpu", torch.int32),
@@ -170,7 +188,13 @@ class TargetsWriter:
                 "target_shape": list(target.shape)}
         if extras:
             meta["extra_targets"] = sorted(extras)
+        # durable at once, before it waits for its shard: a crash loses at most the record in flight
+        name = f"{len(self._pending):06d}.safetensors"
+        (self.folder / PENDING).mkdir(exist_ok=True)
+        save_tensors_atomic(self.folder / PENDING / name, tensors)
+        append_line(self.folder / f"{PENDING}.jsonl", json.dumps({**meta, "pending": name}, ensure_ascii=False))
         self._pending.append((meta, tensors))
+        self.done_ids.add(rid)
         if len(self._pending) >= self.records_per_file:
             self.flush()
 
@@ -198,6 +222,8 @@ class TargetsWriter:
             self.records.append(meta)
             self.done_ids.add(meta["id"])
         append_line(self.folder / RECORDS, "".join(lines))
+        (self.folder / f"{PENDING}.jsonl").unlink(missing_ok=True)  # their records are in the shard now
+        shutil.rmtree(self.folder / PENDING, ignore_errors=True)
         self._next_file += 1
         self._pending = []
 
