@@ -247,3 +247,26 @@ def test_invalid_repo_id_fails_before_any_work(trained_run, hub_env, tmp_path, r
     out = tmp_path / "bundle"
     one_line_error(lkv("export", trained_run["run"], "--out", out, "--push-to-hub", repo), "invalid repo id")
     assert not out.exists()
+
+
+def test_killed_at_the_push_then_pushed_again(bundle, hub_env, tmp_path):
+    """The process dies abruptly at the `push` write point (`lkvcli.faults`): the local bundle is intact and
+    the same push, run again, uploads every file."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from lkvcli.bundle import read_bundle
+    from lkvcli.faults import FAULT_EXIT
+
+    local = shutil.copytree(bundle, tmp_path / "bundle")
+    with FakeHub() as hub:
+        env = {**os.environ, "HF_ENDPOINT": hub.url, "OMP_NUM_THREADS": "1"}
+        command = [sys.executable, "-m", "lkvcli", "export", str(local), "--push-to-hub", REPO]
+        died = subprocess.run(command, env={**env, "LKV_FAULT": "push:1"}, capture_output=True, text=True, timeout=120)
+        assert died.returncode == FAULT_EXIT and REPO not in hub.repos
+        assert read_bundle(local).meta["num_tokens"] == 4
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        assert hub.files() == bundle_files(local) and TOKEN not in done.stdout + done.stderr
