@@ -34,3 +34,11 @@ def kv(bundle):
     from lkvcli import LookaheadKV
 
     return LookaheadKV.from_pretrained(bundle)
+
+
+@pytest.fixture(scope="module")
+def tiny_targets(tmp_path_factory):
+    """12 records of 10-24 tokens with ground truth from greedy decoding of tiny llama (seed 0)."""
+    from tiny_models import tiny_model, write_tiny_targets
+
+    return write_tiny_targets(tmp_path_factory.mktemp("data") / "targets", tiny_model("llama"), n=12)

@@ -199,3 +199,11 @@ def assert_rows_match(reference: list[dict], engine: list[dict]) -> int:
             assert a["margin_min"] <= TIE, (key(a), a["answer_text"], b["answer_text"], a["margin_min"])
             ties += 1
     return ties
+
+
+def adapter_weights(run) -> dict:
+    """A training run's final adapter as one dict: the LoRA tensors (peft names) and ``embeddings``."""
+    from lkvcli.adapter_folder import read_adapter
+
+    files = read_adapter(Path(run) / "adapter")
+    return {**files.lora, "embeddings": files.embeddings}

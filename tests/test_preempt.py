@@ -11,11 +11,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import lkv
-from tiny_models import save_tiny_model, tiny_loaded, tiny_model, write_tiny_targets
+from helpers import adapter_weights, lkv
+from tiny_models import save_tiny_model, tiny_loaded
 
 import lkvcli.train.loop as loop
-from lkvcli.adapter_folder import read_adapter
 from lkvcli.lookahead import LookaheadConfig
 from lkvcli.preempt import EXIT_PREEMPTED, StopRequest, Stopped
 from lkvcli.train import TrainConfig, train
@@ -23,20 +22,10 @@ from lkvcli.train import TrainConfig, train
 ROOT = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def targets(tmp_path_factory):
-    return write_tiny_targets(tmp_path_factory.mktemp("data") / "targets", tiny_model("llama"), n=12)
-
-
-def config(targets, out, **changes) -> TrainConfig:
-    values = dict(data=[str(targets)], out=str(out), steps=10, batch_size=2, lr=1e-2, val_split=4, eval_every=0,
+def config(tiny_targets, out, **changes) -> TrainConfig:
+    values = dict(data=[str(tiny_targets)], out=str(out), steps=10, batch_size=2, lr=1e-2, val_split=4, eval_every=0,
                   checkpoint_every=4, lookahead=LookaheadConfig(num_tokens=4, lora_dropout=0.1))
     return TrainConfig(**{**values, **changes})
-
-
-def weights(run) -> dict:
-    files = read_adapter(Path(run) / "adapter")
-    return {**files.lora, "embeddings": files.embeddings}
 
 
 def signal_during_step(monkeypatch, step: int, signum=signal.SIGTERM, linger: float = 0.0):
@@ -70,40 +59,40 @@ def test_stop_request_waits_for_the_unit_then_drops_it_after_the_grace_period():
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1])
-def test_train_signalled_mid_step_resumes_bit_identical(targets, tmp_path, monkeypatch, signum):
-    train(config(targets, tmp_path / "straight"), loaded=tiny_loaded())
+def test_train_signalled_mid_step_resumes_bit_identical(tiny_targets, tmp_path, monkeypatch, signum):
+    train(config(tiny_targets, tmp_path / "straight"), loaded=tiny_loaded())
     signal_during_step(monkeypatch, 6, signum)
     with pytest.raises(Stopped) as err:
-        train(config(targets, tmp_path / "cut"), loaded=tiny_loaded())
+        train(config(tiny_targets, tmp_path / "cut"), loaded=tiny_loaded())
     assert err.value.preempted and not err.value.dropped
     assert (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip() == "step-000006"  # step 6 finished
     monkeypatch.undo()
-    train(config(targets, tmp_path / "cut", resume=True), loaded=tiny_loaded())
-    a, b = weights(tmp_path / "straight"), weights(tmp_path / "cut")
+    train(config(tiny_targets, tmp_path / "cut", resume=True), loaded=tiny_loaded())
+    a, b = adapter_weights(tmp_path / "straight"), adapter_weights(tmp_path / "cut")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_a_step_outliving_the_grace_period_is_dropped(targets, tmp_path, monkeypatch):
-    train(config(targets, tmp_path / "straight"), loaded=tiny_loaded())
+def test_a_step_outliving_the_grace_period_is_dropped(tiny_targets, tmp_path, monkeypatch):
+    train(config(tiny_targets, tmp_path / "straight"), loaded=tiny_loaded())
     monkeypatch.setenv("LKV_GRACE_S", "0.2")
     signal_during_step(monkeypatch, 6, linger=5)
     with pytest.raises(Stopped) as err:
-        train(config(targets, tmp_path / "cut"), loaded=tiny_loaded())
+        train(config(tiny_targets, tmp_path / "cut"), loaded=tiny_loaded())
     assert err.value.dropped
     assert (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip() == "step-000005"  # 6 was dropped
     monkeypatch.undo()
-    train(config(targets, tmp_path / "cut", resume=True), loaded=tiny_loaded())
-    a, b = weights(tmp_path / "straight"), weights(tmp_path / "cut")
+    train(config(tiny_targets, tmp_path / "cut", resume=True), loaded=tiny_loaded())
+    a, b = adapter_weights(tmp_path / "straight"), adapter_weights(tmp_path / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_the_commands_exit_75_and_say_so(targets, tmp_path, monkeypatch):
+def test_the_commands_exit_75_and_say_so(tiny_targets, tmp_path, monkeypatch):
     import lkvcli.collect
     import lkvcli.evaluate.run
 
     model = save_tiny_model("llama", tmp_path / "model")
     signal_during_step(monkeypatch, 2)
-    r = lkv("train", "--model", model, "--data", targets, "--out", tmp_path / "run", "--steps", 6, "val_split=4",
+    r = lkv("train", "--model", model, "--data", tiny_targets, "--out", tmp_path / "run", "--steps", 6, "val_split=4",
             "lookahead.num_tokens=2", "device=cpu")
     assert r.exit_code == EXIT_PREEMPTED and "preempted (SIGTERM): checkpoint at step 2 kept" in r.output, r.output
 
@@ -178,7 +167,7 @@ finally:
 """
 
 
-def test_torchrun_preempted_then_resumed_equals_a_straight_run(targets, tmp_path):
+def test_torchrun_preempted_then_resumed_equals_a_straight_run(tiny_targets, tmp_path):
     """2 CPU processes; rank 0 gets SIGTERM in step 3: both stop after the same step, the checkpoint is one,
     and resuming gives the weights of an uninterrupted 2-process run, bit for bit."""
     script = tmp_path / "driver.py"
@@ -187,7 +176,7 @@ def test_torchrun_preempted_then_resumed_equals_a_straight_run(targets, tmp_path
 
     def launch(out, cut, resume="new"):
         return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                               str(script), str(targets), str(out), str(cut), resume], env=env, capture_output=True,
+                               str(script), str(tiny_targets), str(out), str(cut), resume], env=env, capture_output=True,
                               text=True, timeout=300)
 
     assert launch(tmp_path / "straight", 0).returncode == 0
@@ -196,5 +185,5 @@ def test_torchrun_preempted_then_resumed_equals_a_straight_run(targets, tmp_path
     latest = (tmp_path / "cut" / "checkpoints" / "latest").read_text().strip()
     assert latest in ("step-000003", "step-000004")  # the step under way, or the next (the flag is shared there)
     assert launch(tmp_path / "cut", 0, "resume").returncode == 0
-    a, b = weights(tmp_path / "straight"), weights(tmp_path / "cut")
+    a, b = adapter_weights(tmp_path / "straight"), adapter_weights(tmp_path / "cut")
     assert all(torch.equal(a[k], b[k]) for k in a)

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import one_line_error
-from tiny_models import save_tiny_model, tiny_loaded, tiny_model, write_tiny_targets
+from helpers import adapter_weights, one_line_error
+from tiny_models import save_tiny_model, tiny_loaded, tiny_model
 from typer.testing import CliRunner
 
 from lkvcli.adapter_folder import read_adapter
@@ -23,20 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
-def targets(tmp_path_factory):
-    """12 records of 10-24 tokens with ground truth from greedy decoding of tiny llama (seed 0)."""
-    return write_tiny_targets(tmp_path_factory.mktemp("data") / "targets", tiny_model("llama"), n=12)
+def targets(tiny_targets):
+    return tiny_targets
 
 
 def make_config(targets, out, **changes) -> TrainConfig:
     values = dict(data=[str(targets)], out=str(out), steps=6, batch_size=2, lr=1e-2, val_split=4, eval_every=3,
                   checkpoint_every=0, lookahead=LookaheadConfig(num_tokens=4))
     return TrainConfig(**{**values, **changes})
-
-
-def final_weights(run) -> dict:
-    files = read_adapter(Path(run) / "adapter")
-    return {**files.lora, "embeddings": files.embeddings}
 
 
 def max_diff(a: dict, b: dict) -> float:
@@ -112,7 +106,7 @@ def test_training_lowers_val_kl_and_writes_run_folder(targets, tmp_path):
     assert files and all(f.endswith((".json", ".safetensors")) for f in files)  # no pickles
     assert not list((run / "checkpoints").glob(".tmp-*"))
     adapter = attach(tiny_model("llama"), read_adapter(run / "adapter"))
-    assert torch.equal(adapter.embeddings.detach(), final_weights(run)["embeddings"])
+    assert torch.equal(adapter.embeddings.detach(), adapter_weights(run)["embeddings"])
 
 
 def test_resume_after_interrupt_equals_straight_run(targets, tmp_path):
@@ -131,7 +125,7 @@ def test_resume_after_interrupt_equals_straight_run(targets, tmp_path):
         train(config, loaded=tiny_loaded())
     resumed = train(make_config(targets, tmp_path / "b", steps=20, checkpoint_every=4, resume=True),
                     loaded=tiny_loaded())
-    assert max_diff(final_weights(tmp_path / "a"), final_weights(tmp_path / "b")) <= 1e-6
+    assert max_diff(adapter_weights(tmp_path / "a"), adapter_weights(tmp_path / "b")) <= 1e-6
     assert resumed["val_kl"] == pytest.approx(straight["val_kl"], abs=1e-6)
     steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert steps == sorted(steps)
@@ -163,7 +157,7 @@ def test_two_processes_equal_one_process(targets, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     train(make_config(targets, tmp_path / "one", batch_size=4), loaded=tiny_loaded())
     assert json.loads((tmp_path / "two" / "run.json").read_text())["processes"] == 2
-    assert max_diff(final_weights(tmp_path / "one"), final_weights(tmp_path / "two")) < 1e-5
+    assert max_diff(adapter_weights(tmp_path / "one"), adapter_weights(tmp_path / "two")) < 1e-5
 
 
 # ---------------------------------------------------------------- the command
