@@ -139,3 +139,17 @@ def test_disk_and_permission_faults_are_one_line_and_lose_nothing(world, tmp_pat
     if code == "ENOSPC":  # space freed: the same command completes the folder (the same for the others)
         run(command)
         assert same_files(out, world["root"] / "ref-collect")
+
+
+def test_a_folder_replaced_mid_way_comes_back(tmp_path):
+    """A crash between moving the old folder aside and renaming the new one in: the next run restores it."""
+    from lkvcli.files import atomic_folder, remove_leftovers
+
+    with atomic_folder(tmp_path / "adapter") as tmp:
+        (tmp / "a.json").write_text("1")
+    (tmp_path / "adapter").rename(tmp_path / ".adapter.old-123")  # as left by the crash
+    remove_leftovers(tmp_path)
+    assert (tmp_path / "adapter" / "a.json").read_text() == "1" and not list(tmp_path.glob(".*"))
+    with atomic_folder(tmp_path / "adapter") as tmp:  # a normal replacement leaves nothing aside
+        (tmp / "a.json").write_text("2")
+    assert (tmp_path / "adapter" / "a.json").read_text() == "2" and not list(tmp_path.glob(".*"))

@@ -62,9 +62,12 @@ def atomic_folder(final: Path):
         yield tmp
         os.chmod(tmp, 0o777 & ~_umask())
         faults.point("folder-rename", final)
-        if final.exists():
-            shutil.rmtree(final)
+        old = final.with_name(f".{final.name}.old-{os.getpid()}") if final.exists() else None
+        if old is not None:  # moved aside, not deleted: until the rename below, the old folder survives a crash
+            os.replace(final, old)
         os.replace(tmp, final)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -77,8 +80,9 @@ def save_tensors_atomic(path: Path, tensors: dict, metadata: dict | None = None)
 
 
 def remove_leftovers(folder: Path) -> None:
-    """Delete what an atomic write left behind when its process died before the rename (``*.tmp`` files,
-    ``.NAME.tmp-*`` folders), in ``folder`` and its sub-folders. Only the folder's lock holder calls it."""
+    """Clear what an atomic write left behind when its process died (``*.tmp`` files, ``.NAME.tmp-*``
+    folders; a ``.NAME.old-*`` folder moved aside goes back when NAME is missing), in ``folder`` and its
+    sub-folders. Only the folder's lock holder calls it."""
     folder = Path(folder)
     if not folder.is_dir():
         return
@@ -87,6 +91,12 @@ def remove_leftovers(folder: Path) -> None:
             path.unlink(missing_ok=True)
         elif path.is_dir() and path.name.startswith(".") and ".tmp-" in path.name:
             shutil.rmtree(path, ignore_errors=True)
+        elif path.is_dir() and path.name.startswith(".") and ".old-" in path.name:  # replaced mid-way
+            final = path.with_name(path.name[1:].rsplit(".old-", 1)[0])
+            if final.exists():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                os.replace(path, final)  # the new one never arrived: the old one is back
 
 
 def append_line(path: Path, line: str) -> None:
