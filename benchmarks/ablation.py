@@ -7,12 +7,15 @@ every row.
 The YAML names the targets to collect (``collect``: name -> built-in spec), the evaluation sets
 (``eval_sets``: name -> targets names, split and ``eval`` overrides such as ``mode: context``), the
 shared training overrides (``train``), and the settings (``settings``: a name, training overrides,
-or ``from: NAME`` to reuse another setting's adapter with only ``eval`` overrides such as
+its own ``train_targets`` if not the spec's, or ``from: NAME`` to reuse another setting's adapter with only ``eval`` overrides such as
 ``scorers.lookahead.recent_window=16``; ``sets`` limits a setting to some evaluation sets) and the
 ``baselines``: method names, evaluated together, or ``{name, method, eval}`` variants evaluated on
-their own, such as the oracle under ``scorers.oracle.allocation: global``.
+their own, such as the oracle under ``scorers.oracle.allocation: global`` (an evaluation set may
+list its own ``baselines``).
 Every step is an ``lkv`` command run in a child process: collect, train and eval resume where they
-stopped, so re-running the same command continues and then re-prints the table.
+stopped, so re-running the same command continues and then re-prints the table; a finished step
+(a training run with its final adapter, an evaluation with its results) is skipped, so two drivers may run
+disjoint ``--only`` lists side by side.
 Writes OUT/ablation.json, OUT/ablation.md and OUT/critical_by_layer-SET.png (critical recall per
 layer at the key budget, one line per row).
 """
@@ -29,6 +32,7 @@ from pathlib import Path
 import yaml
 
 TABLE_BUDGETS_DEFAULT = ("32", "64", "128", "256", "512")
+FINISHED = {"train": "adapter", "eval": "results.json"}  # what a finished step has written
 
 
 def _overrides(mapping: dict | None) -> list[str]:
@@ -56,10 +60,11 @@ def lkv(*args: str) -> list[str]:
     return [sys.executable, "-m", "lkvcli", *args]
 
 
-def baselines(spec: dict) -> tuple[list[str], list[dict]]:
-    """(plain baseline methods, variants as {"name", "method", "eval"})."""
+def baselines(spec: dict, eval_set: dict) -> tuple[list[str], list[dict]]:
+    """(plain baseline methods, variants as {"name", "method", "eval"}) of one evaluation set: its own
+    ``baselines`` list, else the spec's."""
     plain, variants = [], []
-    for entry in spec.get("baselines", ["snapkv", "oracle"]):
+    for entry in eval_set.get("baselines", spec.get("baselines", ["snapkv", "oracle"])):
         if isinstance(entry, str):
             plain.append(entry)
         else:
@@ -88,7 +93,8 @@ def plan(spec: dict, out: Path) -> list[dict]:
             runs[name] = runs[setting["from"]]
             continue
         run = runs[name] = out / "runs" / name
-        cmd = lkv("train", "--model", model, *sum((["--data", d] for d in train_data), []), "--out", str(run),
+        data = [str(folders[n]) for n in setting["train_targets"]] if "train_targets" in setting else train_data
+        cmd = lkv("train", "--model", model, *sum((["--data", d] for d in data), []), "--out", str(run),
                   *_overrides(spec.get("train")), *_overrides(setting.get("train")))
         steps.append({"kind": "train", "name": name, "result": run, "cmd": cmd})
     first_run = next(iter(runs.values()))
@@ -97,7 +103,7 @@ def plan(spec: dict, out: Path) -> list[dict]:
         common = ["--targets", targets, "--budgets", ",".join(budgets), "--parts", "prediction,answers",
                   "--split", eval_set.get("split", "all"), *(["--limit", str(eval_set["limit"])] if "limit" in eval_set else []),
                   *_overrides(spec.get("eval")), *_overrides(eval_set.get("eval"))]
-        plain, variants = baselines(spec)
+        plain, variants = baselines(spec, eval_set)
         result = out / "results" / "baselines" / set_name
         steps.append({"kind": "eval", "name": "baselines", "set": set_name, "result": result,
                       "cmd": lkv("eval", *common, "--adapter", str(first_run), "--methods", ",".join(plain),
@@ -137,11 +143,11 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
     budgets = [str(b) for b in spec.get("budgets", TABLE_BUDGETS_DEFAULT)]
     rows, lines = {}, []
     cmds = {(s["name"], s.get("set")): s["cmd"] for s in steps}
-    for set_name in spec["eval_sets"]:
+    for set_name, eval_set in spec["eval_sets"].items():
         head = ["setting", *[f"ans@{b}" for b in budgets], f"crit@{key_budget}", f"heads@{key_budget}",
                 f"recall@{key_budget}", "KL", f"cache@{key_budget}"]
         lines += [f"### {set_name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-        plain, variants = baselines(spec)
+        plain, variants = baselines(spec, eval_set)
         entries = [(m, "baselines", m) for m in plain] + [(v["name"], v["name"], v["method"]) for v in variants]
         entries += [(s["name"], s["name"], "lookahead") for s in spec["settings"]
                     if set_name in s.get("sets", spec["eval_sets"])]
@@ -226,8 +232,8 @@ def main(argv=None) -> None:
         if only and step["name"] not in only or sets and step["kind"] == "eval" and step["set"] not in sets:
             continue
         cmd = list(step["cmd"])
-        if step["kind"] == "train" and (Path(step["result"]) / "adapter").exists():
-            continue  # finished
+        if step["kind"] != "collect" and (Path(step["result"]) / FINISHED[step["kind"]]).exists():
+            continue  # finished (delete its folder to run it again)
         if step["kind"] == "train" and (Path(step["result"]) / "checkpoints" / "latest").exists():
             cmd.append("--resume")
         _run(cmd, log, args.dry_run)

@@ -104,3 +104,36 @@ def test_baseline_variants_run_on_their_own_with_their_overrides(tmp_path):
     rows, text = ablation.table({**spec, "budgets": ["8"]}, steps, "8")
     assert rows["held"]["oracle-global"]["score@8"] == 0.5
     assert "| oracle-global | 0.500 | - | - | 0.900 | 0.000 | 12.5% (1.0% pad) |" in text
+
+
+def test_an_evaluation_set_may_name_its_own_baselines(tmp_path):
+    spec = {**SPEC, "eval_sets": {**SPEC["eval_sets"], "ctx": {"targets": ["held"], "baselines": ["streamingllm", "oracle"]}}}
+    steps = ablation.plan(spec, tmp_path)
+    methods = {s["set"]: args_of(s["cmd"])[args_of(s["cmd"]).index("--methods") + 1]
+               for s in steps if s["name"] == "baselines"}
+    assert methods == {"held": "snapkv", "ctx": "streamingllm,oracle"}
+
+
+def test_finished_steps_are_skipped_so_two_drivers_can_share_an_out_folder(tmp_path, capsys):
+    import yaml
+
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(SPEC))
+    out = tmp_path / "out"
+    (out / "runs" / "a" / "adapter").mkdir(parents=True)  # a finished training
+    (out / "results" / "baselines" / "held").mkdir(parents=True)
+    (out / "results" / "baselines" / "held" / "results.json").write_text("{}")  # a finished evaluation
+    (out / "runs" / "b" / "checkpoints").mkdir(parents=True)
+    (out / "runs" / "b" / "checkpoints" / "latest").write_text("step-000001")  # an interrupted one
+    ablation.main([str(path), "--out", str(out), "--dry-run", "--only", "a,b", "--sets", "held"])
+    planned = [line for line in capsys.readouterr().out.splitlines() if line.startswith("$ ")]
+    assert len(planned) == 3  # b's training (resumed), a's and b's evaluations on held
+    assert "runs/b" in planned[0] and planned[0].endswith("--resume")
+    assert all("results/baselines" not in line for line in planned)
+
+
+def test_a_setting_may_train_on_other_targets(tmp_path):
+    spec = {**SPEC, "settings": [{"name": "a"}, {"name": "short", "train_targets": ["held"]}]}
+    trains = {s["name"]: args_of(s["cmd"]) for s in ablation.plan(spec, tmp_path) if s["kind"] == "train"}
+    assert trains["a"][trains["a"].index("--data") + 1] == str(tmp_path / "targets" / "train")
+    assert trains["short"][trains["short"].index("--data") + 1] == str(tmp_path / "targets" / "held")

@@ -142,6 +142,20 @@ def test_exclude_tasks_holds_records_out(task_targets, tmp_path):
         train(_config(task_targets, tmp_path / "r2", exclude_tasks=["var_tracking"]), loaded=tiny_loaded("llama"))
 
 
+def test_train_records_takes_nested_subsets_and_keeps_the_validation_records(task_targets):
+    from lkvcli.train.data import usable_split
+
+    reader = TargetsReader(task_targets)
+    full_train, full_val = usable_split(reader, _config(task_targets, "unused"))
+    splits = {n: usable_split(reader, _config(task_targets, "unused", train_records=n)) for n in (2, 5, 100)}
+    assert all(val == full_val for _, val in splits.values())
+    assert [len(train) for train, _ in splits.values()] == [2, 5, len(full_train)]
+    assert set(splits[2][0]) < set(splits[5][0]) < set(full_train)  # a learning curve's points are nested
+    assert splits[100][0] == full_train
+    with pytest.raises(LkvError, match="train_records"):
+        _config(task_targets, "unused", train_records=0)
+
+
 def test_max_objective_on_targets_without_max_fails_with_one_line(tmp_path):
     plain = write_tiny_targets(tmp_path / "t", tiny_model("llama"), n=6, with_max=False)
     with pytest.raises(LkvError, match="objective.target=max needs max targets"):

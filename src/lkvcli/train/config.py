@@ -32,6 +32,7 @@ class TrainConfig(Validated):
     lookahead: LookaheadConfig = field(default_factory=LookaheadConfig)
     objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
     exclude_tasks: list[str] = field(default_factory=list)  # records of these built-in tasks are left out (held out)
+    train_records: int | None = None  # train on this many of the training records (nested subsets: a learning curve)
     mode: Literal["whole", "context", "both"] = "whole"  # the lookahead tokens follow the prompt, the context, or either
     optimizer: Literal["adamw"] = "adamw"
     lr: float = 2e-3
@@ -59,6 +60,7 @@ class TrainConfig(Validated):
             (self.lr > 0, "lr", "must be > 0"),
             (self.val_split >= 0, "val_split", "must be >= 0"),
             (self.steps is None or self.steps >= 1, "steps", "must be at least 1"),
+            (self.train_records is None or self.train_records >= 1, "train_records", "must be at least 1"),
             (self.epochs > 0, "epochs", "must be > 0"),
             (self.prefill_cache_mb >= 0, "prefill_cache_mb", "must be >= 0 (0: off)"),
             (self.batch_size >= 1, "batch_size", "must be at least 1"),

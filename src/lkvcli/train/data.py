@@ -26,7 +26,7 @@ def split_records(ids: list[str], val_split: float, seed: int) -> tuple[list[int
     count = int(val_split) if val_split >= 1 else round(val_split * len(ids))
     if count >= len(ids):
         raise LkvError(f"val_split: {val_split} leaves no training records out of {len(ids)}")
-    rank = sorted(range(len(ids)), key=lambda i: hashlib.sha256(f"{seed}:{ids[i]}".encode()).digest())
+    rank = sorted(range(len(ids)), key=lambda i: _rank(seed, ids[i]))
     val = sorted(rank[:count])
     chosen = set(val)
     return [i for i in range(len(ids)) if i not in chosen], val
@@ -46,8 +46,17 @@ def usable_split(reader: TargetsReader, config: TrainConfig) -> tuple[list[int],
     if config.objective.needs_max and any("max" not in reader.meta(i).get("extra_targets", []) for i in usable):
         raise LkvError(f"objective.target={config.objective.target} needs max targets, which {reader.folders[0]} "
                        "lacks; re-collect with extra_targets=max (collect's default) or use objective.target=mean")
-    train, val = split_records([reader.ids()[i] for i in usable], config.val_split, config.seed)
+    ids = [reader.ids()[i] for i in usable]
+    train, val = split_records(ids, config.val_split, config.seed)
+    if config.train_records is not None and config.train_records < len(train):
+        # nested subsets: a smaller learning-curve point trains on a subset of a larger one's records
+        keep = set(sorted(train, key=lambda i: _rank(config.seed, "train", ids[i]))[:config.train_records])
+        train = [i for i in train if i in keep]
     return [usable[i] for i in train], [usable[i] for i in val]
+
+
+def _rank(seed: int, *parts: str) -> bytes:
+    return hashlib.sha256(":".join((str(seed), *parts)).encode()).digest()
 
 
 def data_order(train: list[int], seed: int, start: int, count: int) -> list[int]:
