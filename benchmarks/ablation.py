@@ -5,7 +5,8 @@ every row.
     python benchmarks/ablation.py benchmarks/ablations/small-budget.yaml --out runs/ablation
 
 The YAML names the targets to collect (``collect``: name -> built-in spec), the evaluation sets
-(``eval_sets``: name -> targets names, split and ``eval`` overrides such as ``mode: context``), the
+(``eval_sets``: name -> targets names, split, ``eval`` overrides such as ``mode: context``, and
+``tasks`` whose answers get a table of their own), the
 shared training overrides (``train``), and the settings (``settings``: a name, training overrides,
 its own ``train_targets`` if not the spec's, or ``from: NAME`` to reuse another setting's adapter with only ``eval`` overrides such as
 ``scorers.lookahead.recent_window=16``; ``sets`` limits a setting to some evaluation sets) and the
@@ -135,7 +136,10 @@ def _row(results: Path, method: str, budgets: list[str], key_budget: str) -> dic
     row.update({"critical_by_layer": at.get("critical_recall_by_layer"),
                 "critical_recall": at.get("critical_recall"), "critical_heads": at.get("critical_heads"),
                 "recall": at.get("recall"), "records": pred.get("records"),
-                "cache_ratio": cache.get("cache_ratio"), "padding_ratio": cache.get("padding_ratio")})
+                "cache_ratio": cache.get("cache_ratio"), "padding_ratio": cache.get("padding_ratio"),
+                "by_task": {task: {"full": scores.get("full"), **{f"score@{b}": scores.get(method, {}).get(b)
+                                                                  for b in budgets}}
+                            for task, scores in answers.get("by_task", {}).items()}})
     return row
 
 
@@ -164,6 +168,16 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
             lines.append("| " + " | ".join(cells) + " |")
         lines += ["", f"full cache: {_fmt(full)}; records: "
                   f"{next(iter(rows.get(set_name, {}).values()), {}).get('records')}", ""]
+        for task in eval_set.get("tasks", []):  # answers of one task family alone
+            found = {label: row["by_task"][task] for label, row in rows.get(set_name, {}).items()
+                     if task in row["by_task"]}
+            full_task = next(iter(found.values()), {}).get("full")
+            lines += [f"#### {set_name}, task {task} (full cache {_fmt(full_task)})", "",
+                      "| " + " | ".join(["setting", *[f"ans@{b}" for b in budgets]]) + " |",
+                      "|" + "---|" * (len(budgets) + 1)]
+            lines += ["| " + " | ".join([label, *[_fmt(r[f"score@{b}"]) for b in budgets]]) + " |"
+                      for label, r in found.items()]
+            lines.append("")
     lines += ["### Commands", "", "```"]
     lines += [shlex.join([Path(c[0]).name if i == 0 else c[i] for i in range(len(c))])
               for c in dict.fromkeys(tuple(s["cmd"]) for s in steps)]

@@ -137,3 +137,20 @@ def test_a_setting_may_train_on_other_targets(tmp_path):
     trains = {s["name"]: args_of(s["cmd"]) for s in ablation.plan(spec, tmp_path) if s["kind"] == "train"}
     assert trains["a"][trains["a"].index("--data") + 1] == str(tmp_path / "targets" / "train")
     assert trains["short"][trains["short"].index("--data") + 1] == str(tmp_path / "targets" / "held")
+
+
+def test_a_set_with_tasks_gets_a_table_per_task(tmp_path):
+    spec = {**SPEC, "budgets": ["8"], "settings": [{"name": "a"}],
+            "eval_sets": {"held": {"targets": ["held"], "tasks": ["needle"]}}}
+    steps = ablation.plan(spec, tmp_path)
+    folder = tmp_path / "results" / "a" / "held"
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({
+        "prediction": {"lookahead": {"records": 4, "budgets": {}}},
+        "answers": {"full": {"score": 0.5}, "methods": {"lookahead": {"8": {"score": 0.25}}},
+                    "by_task": {"needle": {"full": 1.0, "lookahead": {"8": 0.5}},
+                                "summarise": {"full": 0.0, "lookahead": {"8": 0.0}}}}}))
+    rows, text = ablation.table(spec, steps, "8")
+    assert rows["held"]["a"]["by_task"]["needle"] == {"full": 1.0, "score@8": 0.5}
+    assert "#### held, task needle (full cache 1.000)" in text and "| a | 0.500 |" in text
+    assert "task summarise" not in text
