@@ -6,7 +6,7 @@ every row.
 
 The YAML names the targets to collect (``collect``: name -> built-in spec), the evaluation sets
 (``eval_sets``: name -> targets names, split, ``eval`` overrides such as ``mode: context``, and
-``tasks`` whose answers get a table of their own), the
+``tasks`` whose answers get a table of their own, ``budgets`` if not the spec's), the
 shared training overrides (``train``), and the settings (``settings``: a name, training overrides,
 its own ``train_targets`` if not the spec's, or ``from: NAME`` to reuse another setting's adapter with only ``eval`` overrides such as
 ``scorers.lookahead.recent_window=16``; ``sets`` limits a setting to some evaluation sets) and the
@@ -86,7 +86,6 @@ def plan(spec: dict, out: Path) -> list[dict]:
                       "cmd": lkv("collect", "--model", model, "--data", source, "--out", str(folders[name]),
                                  "--max-new-tokens", tokens)})
     train_data = [str(folders[n]) for n in spec["train_targets"]]
-    budgets = [str(b) for b in spec.get("budgets", TABLE_BUDGETS_DEFAULT)]
     runs = {}
     for setting in spec["settings"]:
         name = setting["name"]
@@ -101,7 +100,7 @@ def plan(spec: dict, out: Path) -> list[dict]:
     first_run = next(iter(runs.values()))
     for set_name, eval_set in spec["eval_sets"].items():
         targets = ",".join(str(folders[n]) for n in eval_set["targets"])
-        common = ["--targets", targets, "--budgets", ",".join(budgets), "--parts", "prediction,answers",
+        common = ["--targets", targets, "--budgets", ",".join(set_budgets(spec, eval_set)), "--parts", "prediction,answers",
                   "--split", eval_set.get("split", "all"), *(["--limit", str(eval_set["limit"])] if "limit" in eval_set else []),
                   *_overrides(spec.get("eval")), *_overrides(eval_set.get("eval"))]
         plain, variants = baselines(spec, eval_set)
@@ -143,11 +142,15 @@ def _row(results: Path, method: str, budgets: list[str], key_budget: str) -> dic
     return row
 
 
+def set_budgets(spec: dict, eval_set: dict) -> list[str]:
+    """An evaluation set's budgets: its own, else the spec's."""
+    return [str(b) for b in eval_set.get("budgets", spec.get("budgets", TABLE_BUDGETS_DEFAULT))]
+
+
 def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
-    budgets = [str(b) for b in spec.get("budgets", TABLE_BUDGETS_DEFAULT)]
     rows, lines = {}, []
-    cmds = {(s["name"], s.get("set")): s["cmd"] for s in steps}
     for set_name, eval_set in spec["eval_sets"].items():
+        budgets = set_budgets(spec, eval_set)
         head = ["setting", *[f"ans@{b}" for b in budgets], f"crit@{key_budget}", f"heads@{key_budget}",
                 f"recall@{key_budget}", "KL", f"cache@{key_budget}"]
         lines += [f"### {set_name}", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]

@@ -154,3 +154,10 @@ def test_a_set_with_tasks_gets_a_table_per_task(tmp_path):
     assert rows["held"]["a"]["by_task"]["needle"] == {"full": 1.0, "score@8": 0.5}
     assert "#### held, task needle (full cache 1.000)" in text and "| a | 0.500 |" in text
     assert "task summarise" not in text
+
+
+def test_an_evaluation_set_may_name_its_own_budgets(tmp_path):
+    spec = {**SPEC, "eval_sets": {**SPEC["eval_sets"], "ctx": {"targets": ["held"], "budgets": [4]}}}
+    budgets = {s["set"]: args_of(s["cmd"])[args_of(s["cmd"]).index("--budgets") + 1]
+               for s in ablation.plan(spec, tmp_path) if s["kind"] == "eval"}
+    assert budgets == {"held": "8,16", "ctx": "4"}
