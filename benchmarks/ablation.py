@@ -75,8 +75,16 @@ def baselines(spec: dict, eval_set: dict) -> tuple[list[str], list[dict]]:
 
 
 def plan(spec: dict, out: Path) -> list[dict]:
-    """Every step as {"kind", "name", "cmd", "result"} in the order to run."""
+    """Every step as {"kind", "name", "cmd", "result"} in the order to run; ValueError on a setting that
+    names an evaluation set or a source setting the spec lacks."""
     model = spec.get("model", "smollm2-135m-instruct")
+    names = [setting["name"] for setting in spec["settings"]]
+    for setting in spec["settings"]:
+        unknown = sorted(set(setting.get("sets", [])) - set(spec["eval_sets"]))
+        if unknown or setting.get("from", names[0]) not in names:
+            raise ValueError(f"setting {setting['name']!r} names " + (
+                f"evaluation sets the spec lacks: {', '.join(unknown)} (it has {', '.join(spec['eval_sets'])})"
+                if unknown else f"an unknown `from` setting {setting['from']!r}"))
     steps = []
     folders = {name: out / "targets" / name for name in spec["collect"]}
     for name, data in spec["collect"].items():
@@ -188,8 +196,9 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
     return rows, "\n".join(lines)
 
 
-def plot_layers(rows: dict, key_budget: str, out: Path) -> list[Path]:
-    """OUT/critical_by_layer-SET.png: critical recall per layer at the key budget, one line per row."""
+def plot_layers(rows: dict, key_budget: str, out: Path, only: set[str] | None = None) -> list[Path]:
+    """OUT/critical_by_layer-SET.png: critical recall per layer at the key budget, one line per row
+    (the rows named in ``only``, if given); past ten lines the colours repeat with another dash."""
     try:
         import matplotlib
 
@@ -200,9 +209,11 @@ def plot_layers(rows: dict, key_budget: str, out: Path) -> list[Path]:
     made = []
     for set_name, entries in rows.items():
         fig, ax = plt.subplots(figsize=(7, 4))
-        for label, row in entries.items():
-            if row.get("critical_by_layer"):
-                ax.plot(range(len(row["critical_by_layer"])), row["critical_by_layer"], marker=".", label=label)
+        shown = [(label, row) for label, row in entries.items()
+                 if row.get("critical_by_layer") and (not only or label in only)]
+        for i, (label, row) in enumerate(shown):
+            ax.plot(range(len(row["critical_by_layer"])), row["critical_by_layer"], marker=".", label=label,
+                    linestyle=("-", "--", ":")[i // 10 % 3])
         if not ax.lines:
             plt.close(fig)
             continue
@@ -236,12 +247,16 @@ def main(argv=None) -> None:
     parser.add_argument("--only", default=None, help="comma-separated collect / setting names to run (default: all)")
     parser.add_argument("--sets", default=None, help="comma-separated evaluation sets to run (default: all)")
     parser.add_argument("--table-budget", default="64", help="budget of the recall columns")
-    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only; the tables and plots are re-rendered from finished results")
+    parser.add_argument("--plot-rows", default=None, help="comma-separated rows to plot (default: all)")
     args = parser.parse_args(argv)
     spec = yaml.safe_load(Path(args.spec).read_text())
     out = Path(args.out)
+    try:
+        steps = plan(spec, out)
+    except ValueError as error:
+        parser.error(f"{args.spec}: {error}")
     out.mkdir(parents=True, exist_ok=True)
-    steps = plan(spec, out)
     only = set(args.only.split(",")) | {"baselines"} if args.only else None  # variants run only when named
     sets = set(args.sets.split(",")) if args.sets else None
     log = out / "ablation.log"
@@ -257,7 +272,7 @@ def main(argv=None) -> None:
     rows, text = table(spec, steps, args.table_budget)
     (out / "ablation.json").write_text(json.dumps(rows, indent=1))
     (out / "ablation.md").write_text(text + "\n")
-    plots = plot_layers(rows, args.table_budget, out)
+    plots = plot_layers(rows, args.table_budget, out, set(args.plot_rows.split(",")) if args.plot_rows else None)
     print(text + "".join(f"\nplot: {p}" for p in plots))
 
 

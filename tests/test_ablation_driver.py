@@ -70,6 +70,9 @@ def test_table_reads_each_rows_results_and_skips_missing_ones(tmp_path):
     pytest.importorskip("matplotlib")
     (plot,) = ablation.plot_layers(rows, "8", tmp_path)
     assert plot == tmp_path / "critical_by_layer-held.png" and plot.read_bytes()[:4] == b"\x89PNG"
+    plot.unlink()
+    assert ablation.plot_layers(rows, "8", tmp_path, only={"b"}) == [] and not plot.exists()  # b has no results
+    assert ablation.plot_layers(rows, "8", tmp_path, only={"a"}) == [plot] and plot.exists()
 
 
 def test_dry_run_prints_commands_and_writes_no_log(tmp_path, capsys, monkeypatch):
@@ -161,3 +164,26 @@ def test_an_evaluation_set_may_name_its_own_budgets(tmp_path):
     budgets = {s["set"]: args_of(s["cmd"])[args_of(s["cmd"]).index("--budgets") + 1]
                for s in ablation.plan(spec, tmp_path) if s["kind"] == "eval"}
     assert budgets == {"held": "8,16", "ctx": "4"}
+
+
+@pytest.mark.parametrize("spec_file", sorted((ROOT / "benchmarks" / "ablations").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_spec_plans_each_setting_on_sets_it_has(spec_file, tmp_path):
+    import yaml
+
+    spec = yaml.safe_load(spec_file.read_text())
+    steps = ablation.plan(spec, tmp_path)
+    evaluated = {step["name"] for step in steps if step["kind"] == "eval"}
+    assert {setting["name"] for setting in spec["settings"] if setting.get("sets", True)} <= evaluated
+
+
+def test_a_setting_naming_a_missing_set_is_one_line_error(tmp_path, capsys):
+    bad = {**SPEC, "settings": [{"name": "a", "sets": ["held", "hled"]}]}
+    with pytest.raises(ValueError, match="evaluation sets the spec lacks: hled"):
+        ablation.plan(bad, tmp_path)
+    with pytest.raises(ValueError, match="unknown `from` setting 'z'"):
+        ablation.plan({**SPEC, "settings": [{"name": "a"}, {"name": "b", "from": "z"}]}, tmp_path)
+    spec_file = tmp_path / "bad.yaml"
+    spec_file.write_text(json.dumps(bad))  # JSON is YAML
+    with pytest.raises(SystemExit) as stop:
+        ablation.main([str(spec_file), "--out", str(tmp_path / "out")])
+    assert stop.value.code == 2 and "hled" in capsys.readouterr().err and not (tmp_path / "out").exists()

@@ -81,7 +81,7 @@ def test_builtin_defaults_balanced_mix_and_prefix_stable():
 def test_builtin_task_groups():
     assert {r.task for r in load_prompts(f"builtin:n=16,{SMALL},tasks=closed")} == {
         "needle", "multi_needle", "kv_lookup", "var_tracking", "freq_words", "multi_kv", "counting", "passage_qa"}
-    assert {r.task for r in load_prompts(f"builtin:n=6,{SMALL},tasks=open")} == {"summarise", "explain", "list"}
+    assert {r.task for r in load_prompts(f"builtin:n=8,{SMALL},tasks=open")} == {"summarise", "explain", "list", "chat"}
 
 
 # ---------------------------------------------------------------- builtin: lengths
@@ -166,7 +166,7 @@ def test_freq_words():
         assert top > max(c for w, c in counts.items() if w not in r.answer)
 
 
-@pytest.mark.parametrize("task", ["summarise", "explain", "list"])
+@pytest.mark.parametrize("task", ["summarise", "explain", "list", "chat"])
 def test_open_tasks(task):
     plays = {p.file: p for p in load_plays()}
     for r in builtin(task, n=4):
@@ -445,6 +445,28 @@ def test_multi_kv_asks_keys_that_have_near_duplicate_distractors():
         assert r.answer == [pairs[k] for k in r.meta["keys"]]
         for key, near in zip(r.meta["keys"], r.meta["distractors"]):
             assert near in pairs and near != key and near[:-4] == key[:-4] and f'"{key}"' in r.question
+
+
+def test_chat_requests_name_someone_of_the_passage_in_its_domains_register():
+    from lkvcli.prompts.text_tasks import CHAT_REQUESTS
+
+    records = load_prompts("builtin:n=30,min_tokens=200,max_tokens=400,tasks=chat,texts=all,seed=3")
+    assert {r.meta.get("domain", "plays") for r in records} == {"plays", "code", "docs"}
+    named = 0
+    for r in records:
+        domain = r.meta.get("domain", "plays")
+        assert r.task == "chat" and r.metric == "agreement" and r.answer is None and "critical_chars" not in r.meta
+        assert len(r.context.split()) < 400  # short: the range asked for, in words at most
+        request = next(q for q in CHAT_REQUESTS[domain]
+                       if re.fullmatch(re.escape(q).replace(r"\{speaker\}", "(.+)").replace(r"\{name\}", "(.+)"),
+                                       r.question))
+        if "{" in request:
+            name = re.fullmatch(re.escape(request).replace(r"\{speaker\}", "(.+)").replace(r"\{name\}", "(.+)"),
+                                r.question).group(1)
+            pattern = rf"^{re.escape(name)}\.?$" if domain == "plays" else rf"^(def|class) {re.escape(name)}\b"
+            assert re.search(pattern, r.context, re.M), (r.id, name)
+            named += 1
+    assert named  # the seeded choice reached the requests that name someone
 
 
 def test_counting_answer_is_the_sum_of_the_teams_reports():

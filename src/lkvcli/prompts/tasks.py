@@ -19,7 +19,7 @@ from typing import Callable
 
 from .corpus import vocabulary
 from .drafts import Draft, TaskContext, haystack_draft
-from .text_tasks import explain, list_task, passage_qa, summarise
+from .text_tasks import chat, explain, list_task, passage_qa, summarise
 
 _ADJECTIVES = (
     "amber", "brave", "calm", "crimson", "dusty", "eager", "fuzzy", "gentle", "golden", "hollow",
@@ -225,9 +225,10 @@ TASKS: dict[str, Callable[[TaskContext], Draft]] = {
     "multi_kv": multi_kv,
     "counting": counting,
     "passage_qa": passage_qa,
+    "chat": chat,
 }
 CLOSED_TASKS = ("needle", "multi_needle", "kv_lookup", "var_tracking", "freq_words", "multi_kv", "counting",
                 "passage_qa")
-OPEN_TASKS = ("summarise", "explain", "list")
+OPEN_TASKS = ("summarise", "explain", "list", "chat")
 # the original eight, what `builtin:` uses unless `tasks=` says otherwise (existing targets keep their prompts)
 DEFAULT_TASKS = ("needle", "multi_needle", "kv_lookup", "var_tracking", "freq_words", "summarise", "explain", "list")

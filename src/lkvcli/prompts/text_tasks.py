@@ -1,5 +1,6 @@
 """Built-in tasks that ask about the text itself: a question on a passage, a summary, an
-explanation, a list (the open-ended ones are scored by agreement with the full-cache answer)."""
+explanation, a list, a chat-style request (the open-ended ones are scored by agreement with the
+full-cache answer)."""
 
 from __future__ import annotations
 
@@ -137,3 +138,34 @@ def list_task(ctx: TaskContext) -> Draft:
                 "List the main events of the passage above as short bullet points.")
     return haystack_draft(ctx, question, meta={"variant": variant},
                            describe=lambda context: {"speakers": speakers(context.split("\n"))})
+
+
+CHAT_REQUESTS = {  # seeded choice per record; {speaker} / {name} come from the final passage
+    "plays": ("Write a two-line text message that {speaker} might send a friend right after the scene above.",
+              "In two friendly sentences, tell me whether I would enjoy the scene above, and why.",
+              "Give the scene above a catchy title and a one-line tagline."),
+    "code": ("I'm new to Python. In two friendly sentences, what could I use the code above for?",
+             "Suggest a clearer name for `{name}` in the code above, and say why in one sentence.",
+             "Write a one-line commit message for a change that adds the code above."),
+    "docs": ("In two friendly sentences, tell a colleague whether the package described above would help them, "
+             "and why.",
+             "Write a one-line announcement of the package described above for a team chat.",
+             "Give three keywords for the passage above, comma-separated."),
+}
+
+
+def chat(ctx: TaskContext) -> Draft:
+    """A short chat-style instruction about the passage (a message in a character's voice, a title, a
+    commit message, a team-chat announcement ...); open-ended. ``min_tokens``/``max_tokens`` set how
+    short: ``builtin:tasks=chat,min_tokens=200,max_tokens=400``."""
+    request = ctx.rng.choice(CHAT_REQUESTS[ctx.domain])
+
+    def question(lines: list[str]) -> str:
+        if "{" not in request:
+            return request
+        names = speakers(lines) if ctx.domain == "plays" else [n for n, _ in _definitions(lines)]
+        if not names:  # nobody to name in this passage: the first request that needs no name
+            return next(r for r in CHAT_REQUESTS[ctx.domain] if "{" not in r)
+        return request.format(speaker=names[0], name=names[0])
+
+    return haystack_draft(ctx, question, meta={"request": CHAT_REQUESTS[ctx.domain].index(request)})
