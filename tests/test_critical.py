@@ -13,7 +13,8 @@ from lkvcli.cli import app
 from lkvcli.chat import chat_ids
 from lkvcli.collect import critical_spans
 from lkvcli.evaluate.aggregate import aggregate_prediction
-from lkvcli.evaluate.metrics import copied_runs, prediction_metrics
+from lkvcli.evaluate.metrics import prediction_metrics
+from lkvcli.targets import copied_runs
 from lkvcli.prompts import load_prompts
 from lkvcli.scorers import get_scorer
 

@@ -31,7 +31,8 @@ def test_bundle_files_and_metadata(trained_run, bundle):
     assert meta["format"] == "lkv-bundle" and meta["version"] == 1 and meta["base_model"]["fingerprint"] == fp
     assert meta["num_tokens"] == 4 and meta["lookahead"]["lora_rank"] == 8
     assert meta["scoring"] == {"method": "lookahead", "reduction": "mean", "sink_tokens": 0, "recent_window": 0,
-                               "pooling": "none", "pooling_kernel": 7, "allocation": "uniform", "query_reduction": None}
+                               "pooling": "none", "pooling_kernel": 7, "pooling_keeps_peaks": False,
+                               "allocation": "uniform", "query_reduction": None}
     t = meta["training"]
     assert t["steps"] == 4 and t["val_kl"] is not None and t["data"]["sources"] == ["prompts.jsonl"]
     assert t["data"]["val_records"] == 2 and meta["budgets"]["default"] in meta["budgets"]["recommended"]

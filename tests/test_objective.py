@@ -100,9 +100,25 @@ def test_record_target_mix_and_missing_max(tmp_path):
     record.extras = {}
     with pytest.raises(LkvError, match="extra_targets=max"):
         record_target(record, ObjectiveConfig(target="max"))
-    for bad in (dict(mix=2.0), dict(temperature=0.0), dict(budget=0), dict(recall_weight=-1.0)):
+    for bad in (dict(mix=2.0), dict(temperature=0.0), dict(budget=0), dict(recall_weight=-1.0), dict(copy_weight=-0.1)):
         with pytest.raises(LkvError, match="objective"):
             ObjectiveConfig(**bad).validate()
+
+
+def test_copy_weight_adds_mass_on_the_copied_prompt_tokens_of_live_rows(tmp_path):
+    record = TargetsReader(write_tiny_targets(tmp_path / "t", tiny_model("llama"), n=1, with_max=True))[0]
+    prompt = record.prompt_ids.tolist()
+    record.response_ids = torch.tensor([7, *prompt[5:11], 7])  # copies prompt tokens 5..10: one run of 6
+    record.extras["max"][0, 0] = 0  # an all-zero row (as in a sliding-window layer's) stays zero
+    base = record_target(record, ObjectiveConfig(target="max"))
+    got = record_target(record, ObjectiveConfig(target="max", copy_weight=0.5))
+    copied = torch.zeros(record.prompt_len)
+    copied[5:11] = 0.5 / 6
+    expected = base + copied
+    expected[0, 0] = 0
+    torch.testing.assert_close(got, expected / expected.sum(-1, keepdim=True).clamp_min(1e-30))
+    record.response_ids = torch.tensor([prompt[0], prompt[1], prompt[2]])  # no run of 4: the target is unchanged
+    assert torch.equal(record_target(record, ObjectiveConfig(target="max", copy_weight=0.5)), base)
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +134,7 @@ def _config(data, out, **changes):
 
 
 @pytest.mark.parametrize("objective", [ObjectiveConfig(target="max", loss="recall", budget=4),
+                                       ObjectiveConfig(target="max", copy_weight=0.2),
                                        ObjectiveConfig(target="mix", loss="listwise", temperature=2.0)])
 def test_training_under_other_objectives_lowers_their_loss(task_targets, tmp_path, objective):
     events = []

@@ -155,6 +155,14 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), "|" + "---|" * len(header)] + [line(r) for r in rows])
 
 
+def _pooling(scoring: dict) -> str:
+    """The pooling setting in words (bundles written before ``pooling_keeps_peaks`` lack it)."""
+    if scoring["pooling"] == "none":
+        return "none"
+    peaks = ", peaks kept" if scoring.get("pooling_keeps_peaks") else ""
+    return f"{scoring['pooling']}, kernel {scoring['pooling_kernel']}{peaks}"
+
+
 def model_card(meta: dict, repo: str, license_id: str, results: dict | None, plots: list[str]):
     """A ``huggingface_hub.ModelCard``: front matter for the Hub, usage, settings, training, evaluation."""
     from huggingface_hub import ModelCard, ModelCardData
@@ -190,8 +198,7 @@ def model_card(meta: dict, repo: str, license_id: str, results: dict | None, plo
             ["LoRA", f"rank {la['lora_rank']}, alpha {la['lora_alpha']} on {', '.join(la['target_modules'])}"],
             ["query-head reduction (GQA)", scoring["reduction"]],
             ["protected", f"{scoring['sink_tokens']} sink tokens, last {scoring['recent_window']} positions"],
-            ["pooling", scoring["pooling"] if scoring["pooling"] == "none"
-             else f"{scoring['pooling']}, kernel {scoring['pooling_kernel']}"],
+            ["pooling", _pooling(scoring)],
             ["budgets (entries per KV head)", f"{', '.join(map(str, meta['budgets']['recommended']))}; "
                                               f"default {meta['budgets']['default']}"],
         ]), "",

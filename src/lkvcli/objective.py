@@ -9,6 +9,11 @@ Targets, each (layers, kv_heads, L) and renormalised per (layer, head) row:
   with ``extra_targets: [max]``, the default);
 - ``mix``: ``(1 - mix) * mean + mix * max``.
 
+``copy_weight`` (any target): extra mass spread evenly over the prompt tokens the response copies
+(runs of 4 or more tokens it shares with the prompt) in every layer and KV head, then renormalised,
+so the lookahead learns to keep what the answer will copy in every head, not only in those that
+read it.
+
 Losses, each a mean over the rows with a non-zero target, per example:
 
 - ``kl``: ``KL(target || prediction)``;
@@ -31,6 +36,7 @@ import torch.nn.functional as F
 from .attention import normalise
 from .config import Validated
 from .errors import LkvError
+from .targets import copied_runs
 
 TARGETS = ("mean", "max", "mix")
 LOSSES = ("kl", "listwise", "recall")
@@ -46,6 +52,7 @@ class ObjectiveConfig(Validated):
     temperature: float = 1.0  # listwise: tempering exponent 1/T; recall: hinge width in log-score units
     budget: int = 64  # recall: entries per KV head whose recall the hinge pushes
     recall_weight: float = 1.0  # recall: weight of the hinge next to the KL
+    copy_weight: float = 0.0  # extra target mass on the prompt tokens the response copies
 
     def validate(self) -> None:
         checks = [
@@ -53,6 +60,7 @@ class ObjectiveConfig(Validated):
             (self.temperature > 0, "objective.temperature", "must be > 0"),
             (self.budget >= 1, "objective.budget", "must be at least 1"),
             (self.recall_weight >= 0, "objective.recall_weight", "must be >= 0"),
+            (self.copy_weight >= 0, "objective.copy_weight", "must be >= 0"),
         ]
         for ok, name, why in checks:
             if not ok:
@@ -64,7 +72,20 @@ class ObjectiveConfig(Validated):
 
 
 def record_target(record, config: ObjectiveConfig) -> torch.Tensor:
-    """The training target of one :class:`lkvcli.targets.TargetRecord` under ``config.target``."""
+    """The training target of one :class:`lkvcli.targets.TargetRecord` under ``config``."""
+    target = _base_target(record, config)
+    if not config.copy_weight:
+        return target
+    copied = torch.zeros(target.shape[-1], dtype=target.dtype)
+    for start, end in copied_runs(record.prompt_ids.tolist(), record.response_ids.tolist()):
+        copied[start:end] = 1
+    if not copied.any():
+        return target
+    live = (target.sum(-1, keepdim=True) > 0).to(target.dtype)  # all-zero rows stay out of the loss
+    return normalise(target + config.copy_weight * live * copied / copied.sum())
+
+
+def _base_target(record, config: ObjectiveConfig) -> torch.Tensor:
     if not config.needs_max:
         return record.target
     peak = record.extras.get("max")

@@ -55,6 +55,16 @@ class TargetRecord:
         return int(self.prompt_ids.numel())
 
 
+COPY_MIN_RUN = 4  # shortest run of tokens shared by response and prompt that counts as copied
+
+
+def copied_runs(prompt: list[int], response: list[int], n: int = COPY_MIN_RUN) -> list[tuple[int, int]]:
+    """Prompt ranges ``[i, i + n)`` whose n tokens also occur in a row in the response; together they
+    cover every prompt position inside a run of >= n tokens shared by response and prompt."""
+    grams = {tuple(response[j : j + n]) for j in range(len(response) - n + 1)}
+    return [(i, i + n) for i in range(len(prompt) - n + 1) if tuple(prompt[i : i + n]) in grams]
+
+
 def sparsify(target: torch.Tensor, mass: float, top_k: int | None = None) -> dict[str, torch.Tensor]:
     """Per (layer, head) row, the fewest positions holding ``mass`` of the total (at most ``top_k``), with values.
 

@@ -34,7 +34,8 @@ from ..evict import budget_label, compress, feed, full_attention_layers, resolve
 from ..generate import decode_batch, stack_states
 from ..scorers import prepare
 from ..scorers.base import ScoreContext, prepare_shared
-from .metrics import answer_score, copied_runs, prediction_metrics, rouge_l
+from ..targets import copied_runs
+from .metrics import answer_score, prediction_metrics, rouge_l
 from .records import split_ids
 
 

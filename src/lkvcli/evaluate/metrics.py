@@ -13,7 +13,6 @@ from ..errors import LkvError
 from ..evict import keep_indices
 
 SINKS_EXCLUDED = 4  # positions left out of "recall excluding sinks"
-COPY_MIN_RUN = 4  # shortest run of tokens shared by response and prompt that counts as copied
 
 
 def normalise_text(text: str) -> str:
@@ -56,13 +55,6 @@ def answer_score(prediction: str, answer, metric: str | None, full_answer: str) 
     if metric == "rouge_l":
         return max(rouge_l(prediction, a) for a in answers)
     raise LkvError(f"unknown answer metric {metric!r}")
-
-
-def copied_runs(prompt: list[int], response: list[int], n: int = COPY_MIN_RUN) -> list[tuple[int, int]]:
-    """Prompt ranges ``[i, i + n)`` whose n tokens also occur in a row in the response; together they
-    cover every prompt position inside a run of >= n tokens shared by response and prompt."""
-    grams = {tuple(response[j : j + n]) for j in range(len(response) - n + 1)}
-    return [(i, i + n) for i in range(len(prompt) - n + 1) if tuple(prompt[i : i + n]) in grams]
 
 
 def span_metrics(kept: torch.Tensor, spans: list[tuple[int, int]], name: str, heads: bool) -> dict:

@@ -80,7 +80,9 @@ class Scorer(Validated):
     ``sink_tokens``: always keep the first k prompt positions. ``recent_window``: always
     keep the last w prompt positions (when protected positions exceed the budget, sinks win,
     then the most recent). ``pooling``/``pooling_kernel``: smooth scores along the prompt
-    (1-D avg or max pooling, stride 1, same length), then renormalise. ``allocation``: how a
+    (1-D avg or max pooling, stride 1, same length), then renormalise; ``pooling_keeps_peaks``:
+    each entry keeps the larger of its own and its pooled score, so average pooling lifts a
+    peak's neighbours without lowering the peak. ``allocation``: how a
     budget is shared (:func:`lkvcli.evict.keep_indices`): the same count in every KV head
     (``uniform``), one top per layer across its heads (``heads``), or one top over every
     full-attention layer (``global``).
@@ -93,6 +95,7 @@ class Scorer(Validated):
     recent_window: int = 0
     pooling: Literal["none", "avg", "max"] = "none"
     pooling_kernel: int = 7
+    pooling_keeps_peaks: bool = False
     allocation: Literal["uniform", "heads", "global"] = "uniform"
 
     def validate(self) -> None:
@@ -122,7 +125,8 @@ class Scorer(Validated):
         with torch.inference_mode():
             scores = self.raw_scores(ctx).float()
             if self.pooling != "none" and self.pooling_kernel > 1:
-                scores = pool(scores, self.pooling, self.pooling_kernel)
+                pooled = pool(scores, self.pooling, self.pooling_kernel)
+                scores = torch.maximum(scores, pooled) if self.pooling_keeps_peaks else pooled
                 if self.distribution:
                     scores = normalise(scores)
         return scores
