@@ -85,16 +85,6 @@ def test_pooling_smooths_and_renormalises():
     assert torch.equal(c.argmax(-1), a.argmax(-1))
 
 
-def test_pooling_keeps_peaks_lifts_neighbours_of_a_peak():
-    from lkvcli.scorers.base import pool
-
-    raw = torch.tensor([[0.0, 0.0, 0.9, 0.0, 0.05, 0.05]])
-    lifted = torch.maximum(raw, pool(raw, "avg", 3))
-    assert lifted[0, 2] == raw[0, 2] and torch.allclose(lifted[0, [1, 3]], torch.tensor([0.9 / 3, 0.95 / 3]))
-    assert torch.topk(lifted, 3).indices.sort().values.tolist() == [[1, 2, 3]]  # the peak and its two neighbours
-    assert torch.topk(raw, 3).indices.sort().values.tolist() == [[2, 4, 5]]
-
-
 def test_draft_with_the_target_model_equals_the_ground_truth_of_its_first_tokens():
     model = tiny_model("qwen2", seed=4)
     ids = torch.randint(0, 100, (1, L))
