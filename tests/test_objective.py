@@ -8,7 +8,7 @@ from tiny_models import ARCHS, tiny_loaded, tiny_model, write_tiny_targets
 from lkvcli.collect import CollectConfig, ground_truth_targets
 from lkvcli.errors import LkvError
 from lkvcli.lookahead import LookaheadConfig
-from lkvcli.objective import ObjectiveConfig, kl_per_example, loss_per_example, record_target
+from lkvcli.objective import ObjectiveConfig, kl_per_example, loss_per_example, record_row_weights, record_target
 from lkvcli.targets import TargetsReader, TargetsWriter, new_manifest
 from lkvcli.train import TrainConfig, train
 
@@ -100,7 +100,8 @@ def test_record_target_mix_and_missing_max(tmp_path):
     record.extras = {}
     with pytest.raises(LkvError, match="extra_targets=max"):
         record_target(record, ObjectiveConfig(target="max"))
-    for bad in (dict(mix=2.0), dict(temperature=0.0), dict(budget=0), dict(recall_weight=-1.0), dict(copy_weight=-0.1)):
+    for bad in (dict(mix=2.0), dict(temperature=0.0), dict(budget=0), dict(recall_weight=-1.0), dict(copy_weight=-0.1),
+                dict(copy_head_weight=-1.0)):
         with pytest.raises(LkvError, match="objective"):
             ObjectiveConfig(**bad).validate()
 
@@ -121,6 +122,27 @@ def test_copy_weight_adds_mass_on_the_copied_prompt_tokens_of_live_rows(tmp_path
     assert torch.equal(record_target(record, ObjectiveConfig(target="max", copy_weight=0.5)), base)
 
 
+def test_copy_head_weight_weighs_rows_by_their_mass_on_the_copied_tokens(tmp_path):
+    record = TargetsReader(write_tiny_targets(tmp_path / "t", tiny_model("llama"), n=1, with_max=True))[0]
+    prompt = record.prompt_ids.tolist()
+    record.response_ids = torch.tensor([7, *prompt[5:11], 7])  # copies prompt tokens 5..10
+    assert record_row_weights(record, ObjectiveConfig(target="max")) is None  # off by default
+    weights = record_row_weights(record, ObjectiveConfig(target="max", copy_head_weight=4.0))
+    peak = record.extras["max"]
+    expected = torch.ones(peak.shape[:2])
+    for layer in range(peak.shape[0]):
+        for head in range(peak.shape[1]):
+            expected[layer, head] += 4.0 * sum(float(peak[layer, head, i]) for i in range(5, 11))
+    torch.testing.assert_close(weights, expected)
+    assert torch.equal(record_target(record, ObjectiveConfig(target="max", copy_head_weight=4.0)), peak)  # targets alone
+    # the loss: each example's weighted mean of its rows' KL
+    target = record.extras["max"][None]
+    pred = torch.softmax(torch.randn(target.shape, generator=torch.Generator().manual_seed(3)), -1)
+    kl = torch.xlogy(target, target).sum(-1) - (target * pred.log()).sum(-1)
+    got = loss_per_example(target, pred, ObjectiveConfig(), weights[None])
+    torch.testing.assert_close(got, ((kl[0] * weights).sum() / weights.sum()).view(1))
+
+
 @pytest.fixture(scope="module")
 def task_targets(tmp_path_factory):
     return write_tiny_targets(tmp_path_factory.mktemp("obj") / "t", tiny_model("llama"), n=12, with_max=True,
@@ -135,6 +157,7 @@ def _config(data, out, **changes):
 
 @pytest.mark.parametrize("objective", [ObjectiveConfig(target="max", loss="recall", budget=4),
                                        ObjectiveConfig(target="max", copy_weight=0.2),
+                                       ObjectiveConfig(target="max", copy_head_weight=4.0),
                                        ObjectiveConfig(target="mix", loss="listwise", temperature=2.0)])
 def test_training_under_other_objectives_lowers_their_loss(task_targets, tmp_path, objective):
     events = []

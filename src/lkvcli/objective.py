@@ -12,7 +12,9 @@ Targets, each (layers, kv_heads, L) and renormalised per (layer, head) row:
 ``copy_weight`` (any target): extra mass spread evenly over the prompt tokens the response copies
 (runs of 4 or more tokens it shares with the prompt) in every layer and KV head, then renormalised,
 so the lookahead learns to keep what the answer will copy in every head, not only in those that
-read it.
+read it. ``copy_head_weight`` leaves the targets alone and weighs each (layer, head) row of the
+loss by ``1 + copy_head_weight * m``, ``m`` the row's target mass on those copied tokens, so the
+heads that read what the answer copies count more.
 
 Losses, each a mean over the rows with a non-zero target, per example:
 
@@ -53,6 +55,7 @@ class ObjectiveConfig(Validated):
     budget: int = 64  # recall: entries per KV head whose recall the hinge pushes
     recall_weight: float = 1.0  # recall: weight of the hinge next to the KL
     copy_weight: float = 0.0  # extra target mass on the prompt tokens the response copies
+    copy_head_weight: float = 0.0  # extra loss weight of the rows that attend to those tokens
 
     def validate(self) -> None:
         checks = [
@@ -61,6 +64,7 @@ class ObjectiveConfig(Validated):
             (self.budget >= 1, "objective.budget", "must be at least 1"),
             (self.recall_weight >= 0, "objective.recall_weight", "must be >= 0"),
             (self.copy_weight >= 0, "objective.copy_weight", "must be >= 0"),
+            (self.copy_head_weight >= 0, "objective.copy_head_weight", "must be >= 0"),
         ]
         for ok, name, why in checks:
             if not ok:
@@ -76,13 +80,28 @@ def record_target(record, config: ObjectiveConfig) -> torch.Tensor:
     target = _base_target(record, config)
     if not config.copy_weight:
         return target
-    copied = torch.zeros(target.shape[-1], dtype=target.dtype)
-    for start, end in copied_runs(record.prompt_ids.tolist(), record.response_ids.tolist()):
-        copied[start:end] = 1
+    copied = _copied_mask(record, target.dtype)
     if not copied.any():
         return target
     live = (target.sum(-1, keepdim=True) > 0).to(target.dtype)  # all-zero rows stay out of the loss
     return normalise(target + config.copy_weight * live * copied / copied.sum())
+
+
+def record_row_weights(record, config: ObjectiveConfig) -> torch.Tensor | None:
+    """(layers, kv_heads) loss weight of each row of ``record``: ``1 + copy_head_weight * m``, ``m`` the
+    row's base-target mass on the prompt tokens the response copies; None when the option is off."""
+    if not config.copy_head_weight:
+        return None
+    target = _base_target(record, config)
+    return 1 + config.copy_head_weight * (target * _copied_mask(record, target.dtype)).sum(-1)
+
+
+def _copied_mask(record, dtype) -> torch.Tensor:
+    """(L,) 1 on the prompt tokens inside a run the response copies, else 0."""
+    copied = torch.zeros(record.prompt_len, dtype=dtype)
+    for start, end in copied_runs(record.prompt_ids.tolist(), record.response_ids.tolist()):
+        copied[start:end] = 1
+    return copied
 
 
 def _base_target(record, config: ObjectiveConfig) -> torch.Tensor:
@@ -116,8 +135,10 @@ def _recall_hinge_rows(target: torch.Tensor, pred: torch.Tensor, budget: int, te
     return (target * F.softplus((threshold - log_pred) / temperature)).sum(-1)
 
 
-def loss_per_example(target: torch.Tensor, pred: torch.Tensor, config: ObjectiveConfig | None = None) -> torch.Tensor:
-    """(B,) loss of each example: the mean over (layer, head) rows with a non-zero target; inputs (B, layers, heads, L)."""
+def loss_per_example(target: torch.Tensor, pred: torch.Tensor, config: ObjectiveConfig | None = None,
+                     row_weights: torch.Tensor | None = None) -> torch.Tensor:
+    """(B,) loss of each example: the mean over (layer, head) rows with a non-zero target, weighted by
+    ``row_weights`` (B, layers, heads) when given; inputs (B, layers, heads, L)."""
     config = config or ObjectiveConfig()
     target = target.to(pred)
     if config.loss == "listwise":
@@ -127,6 +148,8 @@ def loss_per_example(target: torch.Tensor, pred: torch.Tensor, config: Objective
     if config.loss == "recall" and config.recall_weight:
         rows = rows + config.recall_weight * _recall_hinge_rows(target, pred, config.budget, config.temperature)
     valid = (target.sum(-1) > 0).to(pred)
+    if row_weights is not None:
+        valid = valid * row_weights.to(pred)
     return (rows * valid).sum((1, 2)) / valid.sum((1, 2)).clamp_min(1)
 
 

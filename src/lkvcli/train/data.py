@@ -16,7 +16,7 @@ from transformers import DynamicCache
 from ..errors import LkvError
 from ..lookahead import LookaheadAdapter, left_pad
 from ..models import LoadedModel, same_model
-from ..objective import ObjectiveConfig, loss_per_example, record_target
+from ..objective import ObjectiveConfig, loss_per_example, record_row_weights, record_target
 from ..targets import TargetsReader
 from .config import TrainConfig
 
@@ -130,7 +130,8 @@ def batch_loss(adapter: LookaheadAdapter, records, prefills: PrefillCache | None
     for row, record in enumerate(records):
         target[row, ..., target.shape[-1] - record.prompt_len:] = (record_target(record, objective) if objective
                                                                     else record.target)
-    return loss_per_example(target, pred, objective)
+    weights = [record_row_weights(r, objective) for r in records] if objective else [None]
+    return loss_per_example(target, pred, objective, None if weights[0] is None else torch.stack(weights))
 
 
 def batch_kl(adapter: LookaheadAdapter, records, prefills: PrefillCache | None = None) -> torch.Tensor:
