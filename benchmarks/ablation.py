@@ -105,8 +105,10 @@ def plan(spec: dict, out: Path) -> list[dict]:
         cmd = lkv("train", "--model", model, *sum((["--data", d] for d in data), []), "--out", str(run),
                   *_overrides(spec.get("train")), *_overrides(setting.get("train")))
         steps.append({"kind": "train", "name": name, "result": run, "cmd": cmd})
-    first_run = next(iter(runs.values()))
     for set_name, eval_set in spec["eval_sets"].items():
+        # the baselines' eval names the run of the first setting this set evaluates (any run serves)
+        first_run = next((runs[s["name"]] for s in spec["settings"] if set_name in s.get("sets", spec["eval_sets"])),
+                         next(iter(runs.values())))
         targets = ",".join(str(folders[n]) for n in eval_set["targets"])
         common = ["--targets", targets, "--budgets", ",".join(set_budgets(spec, eval_set)), "--parts", "prediction,answers",
                   "--split", eval_set.get("split", "all"), *(["--limit", str(eval_set["limit"])] if "limit" in eval_set else []),

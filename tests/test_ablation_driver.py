@@ -47,6 +47,13 @@ def test_plan_collects_trains_then_evaluates_each_setting_on_its_sets(tmp_path):
     assert "mode=context" in ctx and ctx[ctx.index("--out") + 1] == str(tmp_path / "results" / "a" / "ctx")
 
 
+def test_baselines_name_the_run_of_the_first_setting_that_evaluates_their_set(tmp_path):
+    spec = {**SPEC, "settings": [{"name": "b", "sets": ["held"]}, {"name": "c", "sets": ["ctx"]}]}
+    evals = {s["set"]: args_of(s["cmd"]) for s in ablation.plan(spec, tmp_path) if s["name"] == "baselines"}
+    assert evals["held"][evals["held"].index("--adapter") + 1] == str(tmp_path / "runs" / "b")
+    assert evals["ctx"][evals["ctx"].index("--adapter") + 1] == str(tmp_path / "runs" / "c")  # so `--only c` runs alone
+
+
 def test_table_reads_each_rows_results_and_skips_missing_ones(tmp_path):
     steps = ablation.plan(SPEC, tmp_path)
 
