@@ -97,6 +97,7 @@ def test_training_lowers_val_kl_and_writes_run_folder(targets, tmp_path):
     assert {"config.json", "run.json", "metrics.jsonl", "adapter", "checkpoints"} <= {p.name for p in run.iterdir()}
     info = json.loads((run / "run.json").read_text())
     assert info["model"]["fingerprint"]["weights"] and len(info["val_ids"]) == 4 and info["lkv_version"]
+    assert info["environment"]["torch"] == torch.__version__ and info["environment"]["threads"] == torch.get_num_threads()
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert metrics[0] == {"step": 0, "val_kl": summary["val_kl_start"]} and metrics[-1]["step"] == 12
     assert [e.kind for e in events][:2] == ["start", "note"] and events[-1].kind == "done"

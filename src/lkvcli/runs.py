@@ -49,6 +49,7 @@ class RunInfo:
     excluded_tasks: list[str] = field(default_factory=list)
     mode: str = "whole"
     trainable_parameters: int = 0
+    environment: dict = field(default_factory=dict)  # lkv / torch / transformers versions, threads, device
     lkv_version: str = __version__
     format: str = RUN_FORMAT
     version: int = 1

@@ -24,12 +24,13 @@ resumable), :mod:`.aggregate` (means, throughput), :mod:`.overhead` (timings), :
 (setup and the whole run).
 """
 
+from ..environment import environment
 from .config import DEFAULT_BUDGETS, PARTS, EvalConfig, config_dict
 from .engine import evaluate_record, evaluate_record_sequential, score_prompt
 from .metrics import SINKS_EXCLUDED, answer_score, prediction_metrics, rouge_l
 from .overhead import PeakMemory, overhead_table, time_method
 from .records import context_split, select_records
-from .run import EvalRun, check_writable, environment, evaluate, setup
+from .run import EvalRun, check_writable, evaluate, setup
 
 __all__ = ["DEFAULT_BUDGETS", "PARTS", "SINKS_EXCLUDED", "EvalConfig", "EvalRun", "PeakMemory", "answer_score",
            "check_writable", "config_dict", "context_split", "environment", "evaluate", "evaluate_record",

@@ -3,7 +3,6 @@ missing from the results folder's journal and aggregate them (:func:`evaluate`).
 
 from __future__ import annotations
 
-import platform
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,6 +10,7 @@ from pathlib import Path
 import torch
 
 from ..adapters import load_adapter, validation_ids
+from ..environment import environment
 from ..errors import LkvError
 from ..evict import parse_budget
 from ..generate import stop_token_ids
@@ -20,7 +20,6 @@ from ..models import load_model, same_model
 from ..progress import Event, Listener, ignore
 from ..scorers import get_scorer
 from ..targets import TargetsReader
-from ..version import __version__
 from .aggregate import (
     aggregate_answers,
     aggregate_prediction,
@@ -141,15 +140,6 @@ def _check_budgets(run: EvalRun) -> None:
             part = "prompt" if run.config.mode == "whole" else "context"
             raise LkvError(f"budget {b} is larger than the {part} of record {shortest[1]!r} ({shortest[0]} tokens); "
                            f"use budgets up to {shortest[0]} or a ratio such as 0.1")
-
-
-def environment() -> dict:
-    import transformers
-
-    return {"lkv": __version__, "torch": torch.__version__, "transformers": transformers.__version__,
-            "python": platform.python_version(), "platform": platform.platform(),
-            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-            "threads": torch.get_num_threads()}
 
 
 def evaluate(run: EvalRun, on_event: Listener | None = None) -> dict:

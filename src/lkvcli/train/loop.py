@@ -24,6 +24,7 @@ import torch
 from .. import runs
 from ..config import to_dict
 from ..context_mode import TrainingRecords
+from ..environment import environment
 from ..errors import LkvError
 from ..files import remove_leftovers
 from ..locks import folder_lock
@@ -158,7 +159,7 @@ class Trainer:
             processes=self.world, global_batch=self.per_step, total_steps=self.total,
             train_records=len(self.train_idx), val_ids=[reader.ids()[i] for i in self.val_records],
             excluded_tasks=sorted(config.exclude_tasks), mode=config.mode,
-            trainable_parameters=self.adapter.num_parameters()))
+            trainable_parameters=self.adapter.num_parameters(), environment=environment()))
         runs.trim_metrics(self.run, self.start)
 
     # ------------------------------------------------------------ the parts of a run
