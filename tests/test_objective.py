@@ -126,14 +126,15 @@ def test_copy_head_weight_weighs_rows_by_their_mass_on_the_copied_tokens(tmp_pat
     record = TargetsReader(write_tiny_targets(tmp_path / "t", tiny_model("llama"), n=1, with_max=True))[0]
     prompt = record.prompt_ids.tolist()
     record.response_ids = torch.tensor([7, *prompt[5:11], 7])  # copies prompt tokens 5..10
-    assert record_row_weights(record, ObjectiveConfig(target="max")) is None  # off by default
-    weights = record_row_weights(record, ObjectiveConfig(target="max", copy_head_weight=4.0))
     peak = record.extras["max"]
+    assert torch.equal(record_row_weights(record, ObjectiveConfig(target="max")), torch.ones(peak.shape[:2]))  # off
+    weights = record_row_weights(record, ObjectiveConfig(target="max", copy_head_weight=4.0))
     expected = torch.ones(peak.shape[:2])
     for layer in range(peak.shape[0]):
         for head in range(peak.shape[1]):
             expected[layer, head] += 4.0 * sum(float(peak[layer, head, i]) for i in range(5, 11))
     torch.testing.assert_close(weights, expected)
+    assert weights.max() > 1.5  # the copied tokens carry mass in some rows: the check above is not all ones
     assert torch.equal(record_target(record, ObjectiveConfig(target="max", copy_head_weight=4.0)), peak)  # targets alone
     # the loss: each example's weighted mean of its rows' KL
     target = record.extras["max"][None]

@@ -1,6 +1,6 @@
 """The software and hardware a result was produced with, recorded next to it (``results.json``'s
-``meta.environment``, ``run.json``'s ``environment``): results from two machines can differ in the
-last digits, and a small budget's top-k cut turns those into different answers."""
+``meta.environment``, ``run.json``'s ``environment``), so that two results that differ can be traced
+to what produced them."""
 
 from __future__ import annotations
 

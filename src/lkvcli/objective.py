@@ -87,11 +87,9 @@ def record_target(record, config: ObjectiveConfig) -> torch.Tensor:
     return normalise(target + config.copy_weight * live * copied / copied.sum())
 
 
-def record_row_weights(record, config: ObjectiveConfig) -> torch.Tensor | None:
+def record_row_weights(record, config: ObjectiveConfig) -> torch.Tensor:
     """(layers, kv_heads) loss weight of each row of ``record``: ``1 + copy_head_weight * m``, ``m`` the
-    row's base-target mass on the prompt tokens the response copies; None when the option is off."""
-    if not config.copy_head_weight:
-        return None
+    row's base-target mass on the prompt tokens the response copies (all ones when the option is 0)."""
     target = _base_target(record, config)
     return 1 + config.copy_head_weight * (target * _copied_mask(record, target.dtype)).sum(-1)
 

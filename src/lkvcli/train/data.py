@@ -130,8 +130,9 @@ def batch_loss(adapter: LookaheadAdapter, records, prefills: PrefillCache | None
     for row, record in enumerate(records):
         target[row, ..., target.shape[-1] - record.prompt_len:] = (record_target(record, objective) if objective
                                                                     else record.target)
-    weights = [record_row_weights(r, objective) for r in records] if objective else [None]
-    return loss_per_example(target, pred, objective, None if weights[0] is None else torch.stack(weights))
+    weights = (torch.stack([record_row_weights(r, objective) for r in records])
+               if objective and objective.copy_head_weight else None)
+    return loss_per_example(target, pred, objective, weights)
 
 
 def batch_kl(adapter: LookaheadAdapter, records, prefills: PrefillCache | None = None) -> torch.Tensor:
