@@ -239,7 +239,8 @@ def _cache(row: dict) -> str:
 
 
 def _fmt(value) -> str:
-    return "-" if value is None else f"{value:.3f}"
+    """Three decimals; a value that rounds to zero prints as 0.000, never -0.000 (the oracle's KL)."""
+    return "-" if value is None else f"{(0.0 if abs(value) < 5e-4 else value):.3f}"
 
 
 def main(argv=None) -> None:

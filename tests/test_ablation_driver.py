@@ -194,3 +194,7 @@ def test_a_setting_naming_a_missing_set_is_one_line_error(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         ablation.main([str(spec_file), "--out", str(tmp_path / "out")])
     assert stop.value.code == 2 and "hled" in capsys.readouterr().err and not (tmp_path / "out").exists()
+
+
+def test_table_numbers_never_print_as_negative_zero():
+    assert [ablation._fmt(v) for v in (None, -1e-7, 0.0, 0.1234, -0.25)] == ["-", "0.000", "0.000", "0.123", "-0.250"]

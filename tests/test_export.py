@@ -41,6 +41,7 @@ def test_bundle_files_and_metadata(trained_run, bundle):
     card = (bundle / "README.md").read_text()
     assert card.startswith("---\n") and "library_name: peft" in card and "- lookaheadkv" in card
     assert 'LookaheadKV.from_pretrained("lookaheadkv-tiny")' in card
+    assert "| allocation | uniform (the same count in every KV head) |" in card
 
 
 def test_card_front_matter_and_base_model_id(trained_run, tmp_path):
@@ -64,7 +65,7 @@ def test_eval_results_go_into_the_card(trained_run, bundle, tmp_path):
     results_dir = tmp_path / "results"
     config = EvalConfig(targets=[str(trained_run["run"].parent / "targets")], adapter=str(trained_run["run"]),
                         methods=["lookahead", "streamingllm"], budgets=["4", "8"], parts=["prediction"],
-                        out=str(results_dir), split="all", device="cpu")
+                        out=str(results_dir), split="all", device="cpu", scorers={"lookahead": {"allocation": "global"}})
     results = evaluate(setup(config))
     write_results(results_dir, {"eval": config_dict(config)}, results)
     out = tmp_path / "with-eval"
@@ -77,6 +78,8 @@ def test_eval_results_go_into_the_card(trained_run, bundle, tmp_path):
     assert all(f"(plots/{p})" in card for p in plots)
     meta = json.loads((out / "lkv.json").read_text())
     assert meta["budgets"]["source"] == "eval" and meta["budgets"]["recommended"] == [4, 8]
+    # the allocation eval used is the bundle's, and the card says which
+    assert meta["scoring"]["allocation"] == "global" and "| allocation | global (one top over" in card
 
 
 def test_round_trip_in_a_fresh_process(trained_run, bundle, tmp_path):

@@ -155,6 +155,11 @@ def _table(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join([line(header), "|" + "---|" * len(header)] + [line(r) for r in rows])
 
 
+_ALLOCATION = {"uniform": "uniform (the same count in every KV head)",
+               "heads": "heads (one top per layer across its KV heads)",
+               "global": "global (one top over every full-attention layer's KV heads)"}
+
+
 def _pooling(scoring: dict) -> str:
     """The pooling setting in words (bundles written before ``pooling_keeps_peaks`` lack it)."""
     if scoring["pooling"] == "none":
@@ -199,6 +204,7 @@ def model_card(meta: dict, repo: str, license_id: str, results: dict | None, plo
             ["query-head reduction (GQA)", scoring["reduction"]],
             ["protected", f"{scoring['sink_tokens']} sink tokens, last {scoring['recent_window']} positions"],
             ["pooling", _pooling(scoring)],
+            ["allocation", _ALLOCATION[scoring.get("allocation", "uniform")]],
             ["budgets (entries per KV head)", f"{', '.join(map(str, meta['budgets']['recommended']))}; "
                                               f"default {meta['budgets']['default']}"],
         ]), "",
