@@ -17,8 +17,10 @@ Every step is an ``lkv`` command run in a child process: collect, train and eval
 stopped, so re-running the same command continues and then re-prints the table; a finished step
 (a training run with its final adapter, an evaluation with its results) is skipped, so two drivers may run
 disjoint ``--only`` lists side by side.
-Writes OUT/ablation.json, OUT/ablation.md and OUT/critical_by_layer-SET.png (critical recall per
-layer at the key budget, one line per row).
+Writes OUT/ablation.json, OUT/ablation.md (per set the table, a table per listed task, and a goals table:
+the SnapKV-to-oracle answer gap each lookahead row recovers, its lead over SnapKV and KVzip, its critical
+recall against the oracle's) and OUT/critical_by_layer-SET.png (critical recall per layer at the key
+budget, one line per row).
 """
 
 from __future__ import annotations
@@ -191,11 +193,47 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
             lines += ["| " + " | ".join([label, *[_fmt(r[f"score@{b}"]) for b in budgets]]) + " |"
                       for label, r in found.items()]
             lines.append("")
+        lines += goals(set_name, rows.get(set_name, {}), budgets, key_budget,
+                       baseline_rows={label for label, _, method in entries if method != "lookahead"})
     lines += ["### Commands", "", "```"]
     lines += [shlex.join([Path(c[0]).name if i == 0 else c[i] for i in range(len(c))])
               for c in dict.fromkeys(tuple(s["cmd"]) for s in steps)]
     lines += ["```"]
     return rows, "\n".join(lines)
+
+
+def goals(set_name: str, rows: dict, budgets: list[str], key_budget: str, baseline_rows: set[str]) -> list[str]:
+    """The small-budget goals of one set, per lookahead row (the rows not in ``baseline_rows``): the share of
+    the SnapKV-to-oracle answer gap recovered per budget, the row's smallest lead over SnapKV, its
+    critical recall as a share of the oracle's, and its lead over KVzip per budget (if KVzip ran).
+    Empty without SnapKV and oracle rows."""
+    if "snapkv" not in rows or "oracle" not in rows:
+        return []
+    snap, oracle, kvzip = rows["snapkv"], rows["oracle"], rows.get("kvzip")
+
+    def share(value, low, high) -> str:
+        if None in (value, low, high) or high - low < 1e-9:
+            return "-"
+        return f"{100 * (value - low) / (high - low):.0f}%"
+
+    def lead(row, base, b) -> float | None:
+        mine, theirs = row[f"score@{b}"], base[f"score@{b}"]
+        return None if mine is None or theirs is None else mine - theirs
+
+    head = ["setting", *[f"gap@{b}" for b in budgets], "min lead over SnapKV", f"crit@{key_budget} / oracle's",
+            *([f"lead over KVzip@{b}" for b in budgets] if kvzip else [])]
+    lines = [f"#### {set_name}, goals: SnapKV-to-oracle answer gap recovered, critical recall against the oracle's",
+             "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, row in rows.items():
+        if label in baseline_rows:
+            continue
+        leads = [x for x in (lead(row, snap, b) for b in budgets) if x is not None]
+        cells = [label, *[share(row[f"score@{b}"], snap[f"score@{b}"], oracle[f"score@{b}"]) for b in budgets],
+                 f"{min(leads):+.3f}" if leads else "-", share(row["critical_recall"], 0.0, oracle["critical_recall"])]
+        if kvzip:
+            cells += [("-" if x is None else f"{x:+.3f}") for x in (lead(row, kvzip, b) for b in budgets)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
 
 
 def plot_layers(rows: dict, key_budget: str, out: Path, only: set[str] | None = None) -> list[Path]:

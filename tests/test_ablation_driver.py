@@ -198,3 +198,27 @@ def test_a_setting_naming_a_missing_set_is_one_line_error(tmp_path, capsys):
 
 def test_table_numbers_never_print_as_negative_zero():
     assert [ablation._fmt(v) for v in (None, -1e-7, 0.0, 0.1234, -0.25)] == ["-", "0.000", "0.000", "0.123", "-0.250"]
+
+
+def test_goals_table_reads_gap_recovered_lead_and_critical_share_against_the_baselines(tmp_path):
+    spec = {**SPEC, "budgets": ["8", "16"], "baselines": ["snapkv", "kvzip", "oracle"],
+            "settings": [{"name": "a", "sets": ["held"]}], "eval_sets": {"held": {"targets": ["held"]}}}
+    steps = ablation.plan(spec, tmp_path)
+
+    def write(folder, methods):
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps({
+            "prediction": {m: {"records": 2, "budgets": {"8": {"critical_recall": crit}}} for m, (_, crit) in methods.items()},
+            "answers": {"full": {"score": 1.0},
+                        "methods": {m: {b: {"score": s} for b, s in scores.items()} for m, (scores, _) in methods.items()}}}))
+
+    write(tmp_path / "results" / "baselines" / "held", {"snapkv": ({"8": 0.2, "16": 0.5}, 0.1),
+                                                          "kvzip": ({"8": 0.1, "16": 0.7}, 0.2),
+                                                          "oracle": ({"8": 0.6, "16": 0.5}, 0.4)})
+    write(tmp_path / "results" / "a" / "held", {"lookahead": ({"8": 0.5, "16": 0.45}, 0.3)})
+    _, text = ablation.table(spec, steps, "8")
+    # gap at 8: (0.5 - 0.2) / (0.6 - 0.2); at 16 SnapKV equals the oracle, so no gap; lowest lead -0.05 (at 16);
+    # critical recall 0.3 of the oracle's 0.4; leads over KVzip +0.4 and -0.25
+    assert "| a | 75% | - | -0.050 | 75% | +0.400 | -0.250 |" in text
+    section = text.split("#### held, goals")[1].split("###")[0]
+    assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| ")] == ["| setting", "| a"]
