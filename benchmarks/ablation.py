@@ -194,7 +194,8 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
                       for label, r in found.items()]
             lines.append("")
         lines += goals(set_name, rows.get(set_name, {}), budgets, key_budget,
-                       baseline_rows={label for label, _, method in entries if method != "lookahead"})
+                       baseline_rows={label for label, _, method in entries if method != "lookahead"},
+                       context=(eval_set.get("eval") or {}).get("mode") == "context")
     lines += ["### Commands", "", "```"]
     lines += [shlex.join([Path(c[0]).name if i == 0 else c[i] for i in range(len(c))])
               for c in dict.fromkeys(tuple(s["cmd"]) for s in steps)]
@@ -202,14 +203,19 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
     return rows, "\n".join(lines)
 
 
-def goals(set_name: str, rows: dict, budgets: list[str], key_budget: str, baseline_rows: set[str]) -> list[str]:
+def goals(set_name: str, rows: dict, budgets: list[str], key_budget: str, baseline_rows: set[str],
+          context: bool = False) -> list[str]:
     """The small-budget goals of one set, per lookahead row (the rows not in ``baseline_rows``): the share of
     the SnapKV-to-oracle answer gap recovered per budget, the row's smallest lead over SnapKV, its
     critical recall as a share of the oracle's, and its lead over KVzip per budget (if KVzip ran).
-    Empty without SnapKV and oracle rows."""
+    A ``context``-mode set adds the context-mode goals: the smallest lead over the best heuristic at each
+    budget (every baseline row but the oracle and KVzip) and the answers as a share of the oracle's at 256
+    (or the largest budget below it). Empty without SnapKV and oracle rows."""
     if "snapkv" not in rows or "oracle" not in rows:
         return []
     snap, oracle, kvzip = rows["snapkv"], rows["oracle"], rows.get("kvzip")
+    heuristics = [rows[label] for label in sorted(baseline_rows - {"oracle", "kvzip"}) if label in rows]
+    top = max((b for b in budgets if int(b) <= 256), key=int, default=budgets[-1])
 
     def share(value, low, high) -> str:
         if None in (value, low, high) or high - low < 1e-9:
@@ -220,8 +226,13 @@ def goals(set_name: str, rows: dict, budgets: list[str], key_budget: str, baseli
         mine, theirs = row[f"score@{b}"], base[f"score@{b}"]
         return None if mine is None or theirs is None else mine - theirs
 
+    def best_heuristic(b) -> dict:
+        scores = [h[f"score@{b}"] for h in heuristics if h[f"score@{b}"] is not None]
+        return {f"score@{b}": max(scores) if scores else None}
+
     head = ["setting", *[f"gap@{b}" for b in budgets], "min lead over SnapKV", f"crit@{key_budget} / oracle's",
-            *([f"lead over KVzip@{b}" for b in budgets] if kvzip else [])]
+            *([f"lead over KVzip@{b}" for b in budgets] if kvzip else []),
+            *(["min lead over the best heuristic", f"ans@{top} / oracle's"] if context else [])]
     lines = [f"#### {set_name}, goals: SnapKV-to-oracle answer gap recovered, critical recall against the oracle's",
              "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label, row in rows.items():
@@ -232,6 +243,9 @@ def goals(set_name: str, rows: dict, budgets: list[str], key_budget: str, baseli
                  f"{min(leads):+.3f}" if leads else "-", share(row["critical_recall"], 0.0, oracle["critical_recall"])]
         if kvzip:
             cells += [("-" if x is None else f"{x:+.3f}") for x in (lead(row, kvzip, b) for b in budgets)]
+        if context:
+            over = [x for x in (lead(row, best_heuristic(b), b) for b in budgets) if x is not None]
+            cells += [f"{min(over):+.3f}" if over else "-", share(row[f"score@{top}"], 0.0, oracle[f"score@{top}"])]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]
 

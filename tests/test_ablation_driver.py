@@ -222,3 +222,31 @@ def test_goals_table_reads_gap_recovered_lead_and_critical_share_against_the_bas
     assert "| a | 75% | - | -0.050 | 75% | +0.400 | -0.250 |" in text
     section = text.split("#### held, goals")[1].split("###")[0]
     assert [line.split(" | ")[0] for line in section.splitlines() if line.startswith("| ")] == ["| setting", "| a"]
+
+
+def test_goals_table_of_a_context_set_reads_the_lead_over_the_best_heuristic_and_the_share_of_the_oracle(tmp_path):
+    spec = {**SPEC, "budgets": ["8", "16"], "settings": [{"name": "a", "sets": ["ctx"]}],
+            "eval_sets": {"ctx": {"targets": ["held"], "eval": {"mode": "context"},
+                                  "baselines": ["snapkv", "tova", "kvzip", "oracle"]},
+                          "whole": {"targets": ["held"], "baselines": ["snapkv", "tova", "oracle"]}}}
+    steps = ablation.plan(spec, tmp_path)
+    scores = {"snapkv": ({"8": 0.1, "16": 0.2}, 0.1), "tova": ({"8": 0.3, "16": 0.1}, 0.1),
+              "kvzip": ({"8": 0.9, "16": 0.9}, 0.2), "oracle": ({"8": 0.5, "16": 0.8}, 0.4)}
+    for set_name in ("ctx", "whole"):
+        folder = tmp_path / "results" / "baselines" / set_name
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps({
+            "prediction": {m: {"records": 2, "budgets": {"8": {"critical_recall": c}}} for m, (_, c) in scores.items()},
+            "answers": {"full": {"score": 1.0},
+                        "methods": {m: {b: {"score": x} for b, x in sc.items()} for m, (sc, _) in scores.items()}}}))
+        folder = tmp_path / "results" / "a" / set_name
+        folder.mkdir(parents=True)
+        (folder / "results.json").write_text(json.dumps({
+            "prediction": {"lookahead": {"records": 2, "budgets": {"8": {"critical_recall": 0.2}}}},
+            "answers": {"full": {"score": 1.0}, "methods": {"lookahead": {"8": {"score": 0.35}, "16": {"score": 0.6}}}}}))
+    _, text = ablation.table(spec, steps, "8")
+    # the best heuristic is TOVA at 8 (0.3: lead +0.05) and SnapKV at 16 (0.2: lead +0.4), KVzip is no heuristic;
+    # 0.6 is 75% of the oracle's 0.8 at the largest budget (16)
+    assert "| a | 62% | 67% | +0.250 | 50% | -0.550 | -0.300 | +0.050 | 75% |" in text
+    assert "ans@16 / oracle's" in text.split("#### ctx, goals")[1].split("###")[0]
+    assert "best heuristic" not in text.split("#### whole, goals")[1]  # whole-mode sets keep the whole-mode goals
