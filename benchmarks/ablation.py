@@ -195,7 +195,9 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
             lines.append("")
         lines += goals(set_name, rows.get(set_name, {}), budgets, key_budget,
                        baseline_rows={label for label, _, method in entries if method != "lookahead"},
-                       context=(eval_set.get("eval") or {}).get("mode") == "context")
+                       heuristic_rows=({label for label, _, method in entries
+                                        if method not in ("lookahead", "oracle", "kvzip")}
+                                       if (eval_set.get("eval") or {}).get("mode") == "context" else None))
     lines += ["### Commands", "", "```"]
     lines += [shlex.join([Path(c[0]).name if i == 0 else c[i] for i in range(len(c))])
               for c in dict.fromkeys(tuple(s["cmd"]) for s in steps)]
@@ -204,17 +206,18 @@ def table(spec: dict, steps: list[dict], key_budget: str) -> tuple[dict, str]:
 
 
 def goals(set_name: str, rows: dict, budgets: list[str], key_budget: str, baseline_rows: set[str],
-          context: bool = False) -> list[str]:
+          heuristic_rows: set[str] | None = None) -> list[str]:
     """The small-budget goals of one set, per lookahead row (the rows not in ``baseline_rows``): the share of
     the SnapKV-to-oracle answer gap recovered per budget, the row's smallest lead over SnapKV, its
     critical recall as a share of the oracle's, and its lead over KVzip per budget (if KVzip ran).
-    A ``context``-mode set adds the context-mode goals: the smallest lead over the best heuristic at each
-    budget (every baseline row but the oracle and KVzip) and the answers as a share of the oracle's at 256
-    (or the largest budget below it). Empty without SnapKV and oracle rows."""
+    A context-mode set passes its ``heuristic_rows`` (every baseline row but the oracle's and KVzip's) and
+    gets the context-mode goals too: the smallest lead over the best of them at each budget and the answers
+    as a share of the oracle's at 256 (or the largest budget below it). Empty without SnapKV and oracle rows."""
     if "snapkv" not in rows or "oracle" not in rows:
         return []
     snap, oracle, kvzip = rows["snapkv"], rows["oracle"], rows.get("kvzip")
-    heuristics = [rows[label] for label in sorted(baseline_rows - {"oracle", "kvzip"}) if label in rows]
+    context = heuristic_rows is not None
+    heuristics = [rows[label] for label in sorted(heuristic_rows or ()) if label in rows]
     top = max((b for b in budgets if int(b) <= 256), key=int, default=budgets[-1])
 
     def share(value, low, high) -> str:

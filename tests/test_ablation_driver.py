@@ -227,7 +227,9 @@ def test_goals_table_reads_gap_recovered_lead_and_critical_share_against_the_bas
 def test_goals_table_of_a_context_set_reads_the_lead_over_the_best_heuristic_and_the_share_of_the_oracle(tmp_path):
     spec = {**SPEC, "budgets": ["8", "16"], "settings": [{"name": "a", "sets": ["ctx"]}],
             "eval_sets": {"ctx": {"targets": ["held"], "eval": {"mode": "context"},
-                                  "baselines": ["snapkv", "tova", "kvzip", "oracle"]},
+                                  "baselines": ["snapkv", "tova", "kvzip", "oracle",
+                                                {"name": "oracle+global", "method": "oracle",
+                                                 "eval": {"scorers.oracle.allocation": "global"}}]},
                           "whole": {"targets": ["held"], "baselines": ["snapkv", "tova", "oracle"]}}}
     steps = ablation.plan(spec, tmp_path)
     scores = {"snapkv": ({"8": 0.1, "16": 0.2}, 0.1), "tova": ({"8": 0.3, "16": 0.1}, 0.1),
@@ -244,9 +246,13 @@ def test_goals_table_of_a_context_set_reads_the_lead_over_the_best_heuristic_and
         (folder / "results.json").write_text(json.dumps({
             "prediction": {"lookahead": {"records": 2, "budgets": {"8": {"critical_recall": 0.2}}}},
             "answers": {"full": {"score": 1.0}, "methods": {"lookahead": {"8": {"score": 0.35}, "16": {"score": 0.6}}}}}))
+    folder = tmp_path / "results" / "oracle+global" / "ctx"  # an oracle variant is no heuristic either
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({"answers": {"methods": {"oracle": {
+        "8": {"score": 0.9}, "16": {"score": 0.9}}}}}))
     _, text = ablation.table(spec, steps, "8")
     # the best heuristic is TOVA at 8 (0.3: lead +0.05) and SnapKV at 16 (0.2: lead +0.4), KVzip is no heuristic;
-    # 0.6 is 75% of the oracle's 0.8 at the largest budget (16)
+    # 0.6 is 75% of the oracle's 0.8 at the largest budget (16); the oracle variant's 0.9 is left out too
     assert "| a | 62% | 67% | +0.250 | 50% | -0.550 | -0.300 | +0.050 | 75% |" in text
     assert "ans@16 / oracle's" in text.split("#### ctx, goals")[1].split("###")[0]
     assert "best heuristic" not in text.split("#### whole, goals")[1]  # whole-mode sets keep the whole-mode goals
