@@ -19,7 +19,8 @@ stopped, so re-running the same command continues and then re-prints the table; 
 disjoint ``--only`` lists side by side.
 Writes OUT/ablation.json, OUT/ablation.md (per set the table, a table per listed task, and a goals table:
 the SnapKV-to-oracle answer gap each lookahead row recovers, its lead over SnapKV and KVzip, its critical
-recall against the oracle's) and OUT/critical_by_layer-SET.png (critical recall per layer at the key
+recall against the oracle's; for a context-mode set also its lead over the best heuristic and its answers
+against the oracle's at 256) and OUT/critical_by_layer-SET.png (critical recall per layer at the key
 budget, one line per row).
 """
 
@@ -229,10 +230,8 @@ def goals(set_name: str, rows: dict, budgets: list[str], key_budget: str, baseli
         mine, theirs = row[f"score@{b}"], base[f"score@{b}"]
         return None if mine is None or theirs is None else mine - theirs
 
-    def best_heuristic(b) -> dict:
-        scores = [h[f"score@{b}"] for h in heuristics if h[f"score@{b}"] is not None]
-        return {f"score@{b}": max(scores) if scores else None}
-
+    best_heuristic = {f"score@{b}": max((h[f"score@{b}"] for h in heuristics if h[f"score@{b}"] is not None),
+                                         default=None) for b in budgets}
     head = ["setting", *[f"gap@{b}" for b in budgets], "min lead over SnapKV", f"crit@{key_budget} / oracle's",
             *([f"lead over KVzip@{b}" for b in budgets] if kvzip else []),
             *(["min lead over the best heuristic", f"ans@{top} / oracle's"] if context else [])]
@@ -247,7 +246,7 @@ def goals(set_name: str, rows: dict, budgets: list[str], key_budget: str, baseli
         if kvzip:
             cells += [("-" if x is None else f"{x:+.3f}") for x in (lead(row, kvzip, b) for b in budgets)]
         if context:
-            over = [x for x in (lead(row, best_heuristic(b), b) for b in budgets) if x is not None]
+            over = [x for x in (lead(row, best_heuristic, b) for b in budgets) if x is not None]
             cells += [f"{min(over):+.3f}" if over else "-", share(row[f"score@{top}"], 0.0, oracle[f"score@{top}"])]
         lines.append("| " + " | ".join(cells) + " |")
     return lines + [""]

@@ -200,22 +200,23 @@ def test_table_numbers_never_print_as_negative_zero():
     assert [ablation._fmt(v) for v in (None, -1e-7, 0.0, 0.1234, -0.25)] == ["-", "0.000", "0.000", "0.123", "-0.250"]
 
 
+def write_results(folder, methods):
+    """A results folder as ``lkv eval`` writes it: per method ({budget: answer score}, critical recall at 8)."""
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({
+        "prediction": {m: {"records": 2, "budgets": {"8": {"critical_recall": crit}}} for m, (_, crit) in methods.items()},
+        "answers": {"full": {"score": 1.0},
+                    "methods": {m: {b: {"score": s} for b, s in scores.items()} for m, (scores, _) in methods.items()}}}))
+
+
 def test_goals_table_reads_gap_recovered_lead_and_critical_share_against_the_baselines(tmp_path):
     spec = {**SPEC, "budgets": ["8", "16"], "baselines": ["snapkv", "kvzip", "oracle"],
             "settings": [{"name": "a", "sets": ["held"]}], "eval_sets": {"held": {"targets": ["held"]}}}
     steps = ablation.plan(spec, tmp_path)
-
-    def write(folder, methods):
-        folder.mkdir(parents=True)
-        (folder / "results.json").write_text(json.dumps({
-            "prediction": {m: {"records": 2, "budgets": {"8": {"critical_recall": crit}}} for m, (_, crit) in methods.items()},
-            "answers": {"full": {"score": 1.0},
-                        "methods": {m: {b: {"score": s} for b, s in scores.items()} for m, (scores, _) in methods.items()}}}))
-
-    write(tmp_path / "results" / "baselines" / "held", {"snapkv": ({"8": 0.2, "16": 0.5}, 0.1),
+    write_results(tmp_path / "results" / "baselines" / "held", {"snapkv": ({"8": 0.2, "16": 0.5}, 0.1),
                                                           "kvzip": ({"8": 0.1, "16": 0.7}, 0.2),
                                                           "oracle": ({"8": 0.6, "16": 0.5}, 0.4)})
-    write(tmp_path / "results" / "a" / "held", {"lookahead": ({"8": 0.5, "16": 0.45}, 0.3)})
+    write_results(tmp_path / "results" / "a" / "held", {"lookahead": ({"8": 0.5, "16": 0.45}, 0.3)})
     _, text = ablation.table(spec, steps, "8")
     # gap at 8: (0.5 - 0.2) / (0.6 - 0.2); at 16 SnapKV equals the oracle, so no gap; lowest lead -0.05 (at 16);
     # critical recall 0.3 of the oracle's 0.4; leads over KVzip +0.4 and -0.25
@@ -235,21 +236,10 @@ def test_goals_table_of_a_context_set_reads_the_lead_over_the_best_heuristic_and
     scores = {"snapkv": ({"8": 0.1, "16": 0.2}, 0.1), "tova": ({"8": 0.3, "16": 0.1}, 0.1),
               "kvzip": ({"8": 0.9, "16": 0.9}, 0.2), "oracle": ({"8": 0.5, "16": 0.8}, 0.4)}
     for set_name in ("ctx", "whole"):
-        folder = tmp_path / "results" / "baselines" / set_name
-        folder.mkdir(parents=True)
-        (folder / "results.json").write_text(json.dumps({
-            "prediction": {m: {"records": 2, "budgets": {"8": {"critical_recall": c}}} for m, (_, c) in scores.items()},
-            "answers": {"full": {"score": 1.0},
-                        "methods": {m: {b: {"score": x} for b, x in sc.items()} for m, (sc, _) in scores.items()}}}))
-        folder = tmp_path / "results" / "a" / set_name
-        folder.mkdir(parents=True)
-        (folder / "results.json").write_text(json.dumps({
-            "prediction": {"lookahead": {"records": 2, "budgets": {"8": {"critical_recall": 0.2}}}},
-            "answers": {"full": {"score": 1.0}, "methods": {"lookahead": {"8": {"score": 0.35}, "16": {"score": 0.6}}}}}))
-    folder = tmp_path / "results" / "oracle+global" / "ctx"  # an oracle variant is no heuristic either
-    folder.mkdir(parents=True)
-    (folder / "results.json").write_text(json.dumps({"answers": {"methods": {"oracle": {
-        "8": {"score": 0.9}, "16": {"score": 0.9}}}}}))
+        write_results(tmp_path / "results" / "baselines" / set_name, scores)
+        write_results(tmp_path / "results" / "a" / set_name, {"lookahead": ({"8": 0.35, "16": 0.6}, 0.2)})
+    # an oracle variant is no heuristic either
+    write_results(tmp_path / "results" / "oracle+global" / "ctx", {"oracle": ({"8": 0.9, "16": 0.9}, 0.4)})
     _, text = ablation.table(spec, steps, "8")
     # the best heuristic is TOVA at 8 (0.3: lead +0.05) and SnapKV at 16 (0.2: lead +0.4), KVzip is no heuristic;
     # 0.6 is 75% of the oracle's 0.8 at the largest budget (16); the oracle variant's 0.9 is left out too
