@@ -15,7 +15,7 @@ prefill. The lookahead adapter is untrained (timing does not depend on training)
 ``--model-config`` builds a randomly initialised model from a transformers config (a
 config.json file or folder), e.g. Llama-3.1-8B's on a GPU; prompts are then random token
 ids. After each length's table comes the scoring passes of lookahead and draft (timed on their own,
-after prefill) in seconds and % of plain prefill, and the ratio draft / lookahead.
+after prefill; ``--lookahead-draft-tokens K`` adds lookahead mixed with the model's first K answer tokens) in seconds and % of plain prefill, and the ratio draft / lookahead.
 ``--baseline-lookahead FILE`` also times the scoring pass of another revision's ``lookahead.py`` as
 ``lookahead-baseline`` (same model and weights, interleaved). Writes ``OUT/overhead.json`` and
 ``OUT/overhead.md``.
@@ -39,7 +39,8 @@ from lkvcli.scorers import available, get_scorer
 
 SKIP = {"oracle"}  # needs collected targets; it costs nothing at inference anyway
 BASELINE = "lookahead-baseline"
-PASSES = ("lookahead", BASELINE, "draft")  # methods whose scoring pass runs after prefill
+MIXED = "lookahead+draft"
+PASSES = ("lookahead", BASELINE, MIXED, "draft")  # methods whose scoring pass runs after prefill
 PRESETS = {  # --model-config NAME: published configs, built with random weights
     "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -112,6 +113,9 @@ def main(argv=None) -> dict:
                         help="torch CPU threads (1 gives stable timings on a shared machine)")
     parser.add_argument("--baseline-lookahead", default=None, metavar="FILE",
                         help="another revision's lookahead.py, timed side by side as " + BASELINE)
+    parser.add_argument("--lookahead-draft-tokens", type=int, default=0, metavar="K",
+                        help="also time the lookahead scorer mixed with the model's own first K answer tokens "
+                             "(scorers.lookahead.draft_tokens=K) as lookahead+draft")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
 
@@ -123,8 +127,11 @@ def main(argv=None) -> dict:
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     scorers = {name: get_scorer(name) for name in names}
     resources = {}
-    if "lookahead" in names or args.baseline_lookahead:
+    if "lookahead" in names or args.baseline_lookahead or args.lookahead_draft_tokens:
         resources["adapter"] = LookaheadAdapter.attach(model, LookaheadConfig(num_tokens=args.lookahead_tokens))
+    if args.lookahead_draft_tokens:
+        names.append(MIXED)
+        scorers[MIXED] = get_scorer("lookahead", draft_tokens=args.lookahead_draft_tokens)
     method_resources = {name: resources for name in names}
     if args.baseline_lookahead:
         names.append(BASELINE)

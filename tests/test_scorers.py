@@ -5,7 +5,8 @@ import torch
 from helpers import eager_attention
 from tiny_models import ARCHS, tiny_model
 
-from lkvcli.collect import ground_truth
+from lkvcli.collect import ground_truth, ground_truth_targets
+from lkvcli.attention import normalise
 from lkvcli.errors import LkvError
 from lkvcli.evict import keep_indices
 from lkvcli.scorers import available, get_scorer, prepare
@@ -109,6 +110,25 @@ def test_lookahead_scorer_is_the_adapters_score():
     assert torch.allclose(scores, resources["adapter"].predict(ids), atol=1e-6)
     with pytest.raises(LkvError, match="needs an adapter"):
         scorer.score(prepare(scorer, tiny_model("llama"), ids))
+
+
+def test_lookahead_mixed_with_its_own_draft_is_the_weighted_sum_of_both():
+    model = tiny_model("mistral", seed=7)
+    ids = torch.randint(0, 100, (1, L))
+    resources = _resources(model)
+    adapter = resources["adapter"]
+    _, truth, _ = ground_truth_targets(model, ids, max_new_tokens=3, stop_ids=set(), extras=("max",))
+    lookahead = adapter.score(adapter.prefill(ids), query_reduction="max")
+    for weight, combine in ((0.0, "sum"), (0.3, "sum"), (1.0, "sum"), (0.5, "max")):
+        scorer = get_scorer("lookahead", query_reduction="max", draft_tokens=3, draft_weight=weight, draft_combine=combine)
+        scores = scorer.score(prepare(scorer, model, ids, resources=resources))
+        # the draft part is the max target of the model's first 3 answer tokens (collect's independent path)
+        parts = (1 - weight) * lookahead, weight * truth["max"][None]
+        expected = parts[0] + parts[1] if combine == "sum" else normalise(torch.maximum(*parts))
+        assert (scores - expected).abs().max() < 1e-5
+    for bad in ({"draft_tokens": -1}, {"draft_weight": 1.5}):
+        with pytest.raises(LkvError, match="draft_tokens must be >= 0"):
+            get_scorer("lookahead", **bad)
 
 
 def test_simple_scorers_keep_what_they_promise():

@@ -160,6 +160,15 @@ _ALLOCATION = {"uniform": "uniform (the same count in every KV head)",
                "global": "global (one top over every full-attention layer's KV heads)"}
 
 
+def _self_draft(scoring: dict) -> str:
+    """The card's line for the lookahead scorer's ``draft_tokens`` option (bundles older than it: off)."""
+    tokens = scoring.get("draft_tokens", 0)
+    if not tokens:
+        return "not used"
+    how = "weighted sum" if scoring.get("draft_combine", "sum") == "sum" else "larger of the weighted terms"
+    return f"the first {tokens} greedy tokens' attention mixed in, weight {scoring.get('draft_weight', 0.5)} ({how})"
+
+
 def _pooling(scoring: dict) -> str:
     """The pooling setting in words (bundles written before ``pooling_keeps_peaks`` lack it)."""
     if scoring["pooling"] == "none":
@@ -205,6 +214,7 @@ def model_card(meta: dict, repo: str, license_id: str, results: dict | None, plo
             ["protected", f"{scoring['sink_tokens']} sink tokens, last {scoring['recent_window']} positions"],
             ["pooling", _pooling(scoring)],
             ["allocation", _ALLOCATION[scoring.get("allocation", "uniform")]],
+            ["the model's own first answer tokens", _self_draft(scoring)],
             ["budgets (entries per KV head)", f"{', '.join(map(str, meta['budgets']['recommended']))}; "
                                               f"default {meta['budgets']['default']}"],
         ]), "",

@@ -82,8 +82,9 @@ class LookaheadKVPress(BasePress):
         kv = LookaheadKV.from_pretrained(self.bundle, model, revision=self.revision,
                                          allow_fingerprint_mismatch=self.allow_fingerprint_mismatch)
         # kvpress keeps one count per KV head (its head-adaptive presses only mask), so the bundle's
-        # scores are cut with lkv's uniform allocation whatever the bundle's own allocation
-        self._scorer = dataclasses.replace(kv.scorer, allocation="uniform")
+        # scores are cut with lkv's uniform allocation whatever the bundle's own allocation; the press sees
+        # no prefill logits to draft from, so the lookahead scores are used without the model's own draft
+        self._scorer = dataclasses.replace(kv.scorer, allocation="uniform", draft_tokens=0)
         self._kv, self._model = kv, model
 
     @contextmanager

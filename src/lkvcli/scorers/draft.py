@@ -16,6 +16,19 @@ from ..models import load_model
 from .base import ScoreContext, Scorer, register
 
 
+def self_draft_scores(ctx: ScoreContext, tokens: int, rows: str = "mean") -> torch.Tensor:
+    """The attention over the prompt of the first ``tokens`` tokens the model itself answers (greedy,
+    over a fork of the prompt's full cache, which stays as it was), combined over those queries by
+    ``rows`` (mean or max): (1, layers, kv_heads, L). Batch size 1."""
+    if ctx.batch != 1:
+        raise LkvError("scoring with the model's own draft supports batch size 1 only")
+    L, state = ctx.prompt_len, ctx.state
+    fork = Prefill(cache=fork_cache(state.cache), logits=state.logits, next_position=state.next_position)
+    with capture_attention(ctx.model, key_len=L, query_start=L, past_len=L, reduction=ctx.reduction, rows=rows) as cap:
+        greedy_decode(ctx.model, fork, tokens, feed_last=True)
+    return cap.scores()
+
+
 @register("draft")
 @dataclass
 class Draft(Scorer):
@@ -52,10 +65,7 @@ class Draft(Scorer):
             raise LkvError("the draft scorer supports batch size 1 only")
         L, state = ctx.prompt_len, ctx.state
         if self.draft_model is None and self.compress_budget is None:
-            fork = Prefill(cache=fork_cache(state.cache), logits=state.logits, next_position=state.next_position)
-            with capture_attention(ctx.model, key_len=L, query_start=L, past_len=L, reduction=ctx.reduction) as cap:
-                greedy_decode(ctx.model, fork, self.tokens, feed_last=True)
-            return cap.scores()
+            return self_draft_scores(ctx, self.tokens)
         if self.draft_model is None:  # Lookahead Q-Cache: draft over a SnapKV-compressed cache
             keep = keep_indices(ctx.capture.scores(), [self.compress_budget] * len(state.cache.layers),
                                 recent_window=self.snapkv_window // 2)
