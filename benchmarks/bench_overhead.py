@@ -15,7 +15,8 @@ prefill. The lookahead adapter is untrained (timing does not depend on training)
 ``--model-config`` builds a randomly initialised model from a transformers config (a
 config.json file or folder), e.g. Llama-3.1-8B's on a GPU; prompts are then random token
 ids. After each length's table comes the scoring passes of lookahead and draft (timed on their own,
-after prefill; ``--lookahead-draft-tokens K`` adds lookahead mixed with the model's first K answer tokens) in seconds and % of plain prefill, and the ratio draft / lookahead.
+after prefill; ``--lookahead-draft-tokens K`` adds lookahead mixed with the model's first K answer
+tokens as ``lookahead+draft``) in seconds and % of plain prefill, and the ratio draft / lookahead.
 ``--baseline-lookahead FILE`` also times the scoring pass of another revision's ``lookahead.py`` as
 ``lookahead-baseline`` (same model and weights, interleaved). Writes ``OUT/overhead.json`` and
 ``OUT/overhead.md``.

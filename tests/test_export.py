@@ -33,7 +33,7 @@ def test_bundle_files_and_metadata(trained_run, bundle):
     assert meta["scoring"] == {"method": "lookahead", "reduction": "mean", "sink_tokens": 0, "recent_window": 0,
                                "pooling": "none", "pooling_kernel": 7, "pooling_keeps_peaks": False,
                                "allocation": "uniform", "query_reduction": None, "draft_tokens": 0,
-                               "draft_weight": 0.5, "draft_combine": "sum"}
+                               "draft_weight": 0.1, "draft_combine": "sum"}
     t = meta["training"]
     assert t["steps"] == 4 and t["val_kl"] is not None and t["data"]["sources"] == ["prompts.jsonl"]
     assert t["data"]["val_records"] == 2 and meta["budgets"]["default"] in meta["budgets"]["recommended"]
@@ -67,7 +67,8 @@ def test_eval_results_go_into_the_card(trained_run, bundle, tmp_path):
     results_dir = tmp_path / "results"
     config = EvalConfig(targets=[str(trained_run["run"].parent / "targets")], adapter=str(trained_run["run"]),
                         methods=["lookahead", "streamingllm"], budgets=["4", "8"], parts=["prediction"],
-                        out=str(results_dir), split="all", device="cpu", scorers={"lookahead": {"allocation": "global", "draft_tokens": 2, "draft_weight": 0.1}})
+                        out=str(results_dir), split="all", device="cpu", scorers={"lookahead": {"allocation": "global", "draft_tokens": 2,
+                                                                            "draft_weight": 0.25}})
     results = evaluate(setup(config))
     write_results(results_dir, {"eval": config_dict(config)}, results)
     out = tmp_path / "with-eval"
@@ -82,8 +83,8 @@ def test_eval_results_go_into_the_card(trained_run, bundle, tmp_path):
     assert meta["budgets"]["source"] == "eval" and meta["budgets"]["recommended"] == [4, 8]
     # the allocation and self-draft eval used are the bundle's, and the card says which
     assert meta["scoring"]["allocation"] == "global" and "| allocation | global (one top over" in card
-    assert meta["scoring"]["draft_tokens"] == 2 and meta["scoring"]["draft_weight"] == 0.1
-    assert "| the model's own first answer tokens | the first 2 greedy tokens' attention mixed in, weight 0.1" in card
+    assert meta["scoring"]["draft_tokens"] == 2 and meta["scoring"]["draft_weight"] == 0.25
+    assert "| the model's own first answer tokens | the first 2 greedy tokens' attention mixed in, weight 0.25" in card
 
 
 def test_round_trip_in_a_fresh_process(trained_run, bundle, tmp_path):

@@ -165,8 +165,8 @@ def _self_draft(scoring: dict) -> str:
     tokens = scoring.get("draft_tokens", 0)
     if not tokens:
         return "not used"
-    how = "weighted sum" if scoring.get("draft_combine", "sum") == "sum" else "larger of the weighted terms"
-    return f"the first {tokens} greedy tokens' attention mixed in, weight {scoring.get('draft_weight', 0.5)} ({how})"
+    how = "weighted sum" if scoring["draft_combine"] == "sum" else "larger of the weighted terms"
+    return f"the first {tokens} greedy tokens' attention mixed in, weight {scoring['draft_weight']} ({how})"
 
 
 def _pooling(scoring: dict) -> str:

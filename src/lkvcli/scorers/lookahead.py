@@ -25,7 +25,8 @@ class Lookahead(Scorer):
     ``draft_tokens`` > 0 mixes in the attention of the first k tokens of the model's own greedy answer
     (over the full cache, as the ``draft`` scorer with the target drafting; combined over them as the
     lookahead queries are): the score is ``(1 - draft_weight) * lookahead + draft_weight * draft``
-    (``draft_combine: sum``) or the larger of the two terms, renormalised (``max``), for k decode steps more (batch size 1).
+    (``draft_combine: sum``) or the larger of the two terms, renormalised (``max``), for k decode steps
+    more (batch size 1). Weight 0.1 answered more than 0.25 and 0.5 on held-out folds (docs/training.md).
 
     The adapter comes from ``ctx.resources["adapter"]`` (a :class:`lkvcli.lookahead.LookaheadAdapter`)
     or is loaded from ``adapter`` (a training run folder or a bundle).
@@ -34,7 +35,7 @@ class Lookahead(Scorer):
     adapter: str | None = None
     query_reduction: Literal["mean", "max"] | None = None  # None: the adapter's own (lookahead.query_reduction)
     draft_tokens: int = 0
-    draft_weight: float = 0.5
+    draft_weight: float = 0.1
     draft_combine: Literal["sum", "max"] = "sum"
 
     def validate(self) -> None:
