@@ -16,7 +16,8 @@ prefill. The lookahead adapter is untrained (timing does not depend on training)
 config.json file or folder), e.g. Llama-3.1-8B's on a GPU; prompts are then random token
 ids. After each length's table comes the scoring passes of lookahead and draft (timed on their own,
 after prefill; ``--lookahead-draft-tokens K`` adds lookahead mixed with the model's first K answer
-tokens as ``lookahead+draft``) in seconds and % of plain prefill, and the ratio draft / lookahead.
+tokens as ``lookahead+draftK``; a list ``1,2,4`` times each K side by side) in seconds and % of plain
+prefill, and the ratio draft / lookahead.
 ``--baseline-lookahead FILE`` also times the scoring pass of another revision's ``lookahead.py`` as
 ``lookahead-baseline`` (same model and weights, interleaved). Writes ``OUT/overhead.json`` and
 ``OUT/overhead.md``.
@@ -40,8 +41,8 @@ from lkvcli.scorers import available, get_scorer
 
 SKIP = {"oracle"}  # needs collected targets; it costs nothing at inference anyway
 BASELINE = "lookahead-baseline"
-MIXED = "lookahead+draft"
-PASSES = ("lookahead", BASELINE, MIXED, "draft")  # methods whose scoring pass runs after prefill
+MIXED = "lookahead+draft"  # + K, the number of draft tokens
+
 PRESETS = {  # --model-config NAME: published configs, built with random weights
     "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
@@ -114,11 +115,17 @@ def main(argv=None) -> dict:
                         help="torch CPU threads (1 gives stable timings on a shared machine)")
     parser.add_argument("--baseline-lookahead", default=None, metavar="FILE",
                         help="another revision's lookahead.py, timed side by side as " + BASELINE)
-    parser.add_argument("--lookahead-draft-tokens", type=int, default=0, metavar="K",
+    parser.add_argument("--lookahead-draft-tokens", default="", metavar="K[,K...]",
                         help="also time the lookahead scorer mixed with the model's own first K answer tokens "
-                             "(scorers.lookahead.draft_tokens=K) as lookahead+draft")
+                             "(scorers.lookahead.draft_tokens=K) as lookahead+draftK, for each K listed")
     parser.add_argument("--out", default="benchmarks/results")
     args = parser.parse_args(argv)
+    try:
+        draft_counts = [int(k) for k in args.lookahead_draft_tokens.split(",") if k.strip()]
+    except ValueError:
+        parser.error(f"--lookahead-draft-tokens takes whole numbers separated by commas, not {args.lookahead_draft_tokens!r}")
+    if any(k < 1 for k in draft_counts):
+        parser.error("--lookahead-draft-tokens: each K must be >= 1")
 
     from lkvcli.lookahead import LookaheadAdapter, LookaheadConfig
 
@@ -128,11 +135,11 @@ def main(argv=None) -> dict:
     names = [m.strip() for m in args.methods.split(",") if m.strip()]
     scorers = {name: get_scorer(name) for name in names}
     resources = {}
-    if "lookahead" in names or args.baseline_lookahead or args.lookahead_draft_tokens:
+    if "lookahead" in names or args.baseline_lookahead or draft_counts:
         resources["adapter"] = LookaheadAdapter.attach(model, LookaheadConfig(num_tokens=args.lookahead_tokens))
-    if args.lookahead_draft_tokens:
-        names.append(MIXED)
-        scorers[MIXED] = get_scorer("lookahead", draft_tokens=args.lookahead_draft_tokens)
+    for k in draft_counts:
+        names.append(f"{MIXED}{k}")
+        scorers[f"{MIXED}{k}"] = get_scorer("lookahead", draft_tokens=k)
     method_resources = {name: resources for name in names}
     if args.baseline_lookahead:
         names.append(BASELINE)
@@ -197,7 +204,9 @@ def passes_table(table: dict) -> str:
     prefill = table["plain"]["prefill_s"]
     draft = table.get("draft", {}).get("score_s")
     lines = ["| scoring pass | s | % of plain prefill | draft / this |", "|---|---|---|---|"]
-    for name in (m for m in PASSES if m in table):
+    passes = ["lookahead", BASELINE, *sorted((m for m in table if m.startswith(MIXED)), key=lambda m: int(m[len(MIXED):])),
+              "draft"]  # methods whose scoring pass runs after prefill
+    for name in (m for m in passes if m in table):
         score = table[name]["score_s"]
         ratio = f"{draft / score:.1f}x" if draft and name != "draft" else "-"
         lines.append(f"| {name} | {_fmt(score, 4)} | {_fmt(100 * score / prefill, 2)} | {ratio} |")

@@ -46,3 +46,20 @@ def test_run_all_writes_one_summary_of_every_benchmark(tmp_path):
     bench = summary["eval"]
     assert bench["check"]["rows"] > 0 and not bench["check"]["missing"] and bench["check"]["max_metric_diff"] == 0
     assert f"{bench['speedup']:.2f}x" in table
+
+
+def test_overhead_times_each_listed_draft_count_side_by_side(tmp_path):
+    model = tiny_llama_folder(tmp_path / "model", max_positions=512)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import bench_overhead
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    results = bench_overhead.main(["--model", str(model), "--lengths", "200", "--repeats", "1", "--threads", "1",
+                                   "--methods", "lookahead", "--lookahead-draft-tokens", "2,1", "--out", str(tmp_path / "out")])
+    (length, table), = results["lengths"].items()
+    assert {"plain", "lookahead", "lookahead+draft1", "lookahead+draft2"} == set(table)
+    assert all(table[m]["score_s"] > 0 for m in ("lookahead", "lookahead+draft1", "lookahead+draft2"))
+    passes = [line.split("|")[1].strip() for line in bench_overhead.passes_table(table).splitlines()[2:]]
+    assert passes == ["lookahead", "lookahead+draft1", "lookahead+draft2"]
+    assert "| lookahead+draft2 |" in (tmp_path / "out" / "overhead.md").read_text()
