@@ -56,8 +56,9 @@ def test_overhead_times_each_listed_draft_count_side_by_side(tmp_path):
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
     results = bench_overhead.main(["--model", str(model), "--lengths", "200", "--repeats", "1", "--threads", "1",
-                                   "--methods", "lookahead", "--lookahead-draft-tokens", "2,1", "--out", str(tmp_path / "out")])
-    (length, table), = results["lengths"].items()
+                                   "--methods", "lookahead", "--lookahead-draft-tokens", "2,1,2",
+                                   "--out", str(tmp_path / "out")])
+    (table,) = results["lengths"].values()
     assert {"plain", "lookahead", "lookahead+draft1", "lookahead+draft2"} == set(table)
     assert all(table[m]["score_s"] > 0 for m in ("lookahead", "lookahead+draft1", "lookahead+draft2"))
     passes = [line.split("|")[1].strip() for line in bench_overhead.passes_table(table).splitlines()[2:]]
