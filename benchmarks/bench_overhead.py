@@ -42,6 +42,7 @@ from lkvcli.scorers import available, get_scorer
 SKIP = {"oracle"}  # needs collected targets; it costs nothing at inference anyway
 BASELINE = "lookahead-baseline"
 MIXED = "lookahead+draft"  # + K, the number of draft tokens (in increasing K)
+
 PRESETS = {  # --model-config NAME: published configs, built with random weights
     "llama-3.1-8b": dict(model_type="llama", vocab_size=128256, hidden_size=4096, intermediate_size=14336,
                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=8,
