@@ -4,7 +4,8 @@ every row.
 
     python benchmarks/ablation.py benchmarks/ablations/small-budget.yaml --out runs/ablation
 
-The YAML names the targets to collect (``collect``: name -> built-in spec), the evaluation sets
+The YAML names the targets to collect (``collect``: name -> built-in spec, or ``{data, max_new_tokens,
+reduction}``: the response length and the GQA group reduction of the targets), the evaluation sets
 (``eval_sets``: name -> targets names, split, ``eval`` overrides such as ``mode: context``, and
 ``tasks`` whose answers get a table of their own, ``budgets`` if not the spec's), the
 shared training overrides (``train``), and the settings (``settings``: a name, training overrides,
@@ -92,10 +93,11 @@ def plan(spec: dict, out: Path) -> list[dict]:
     folders = {name: out / "targets" / name for name in spec["collect"]}
     for name, data in spec["collect"].items():
         source = data["data"] if isinstance(data, dict) else data
-        tokens = str(data.get("max_new_tokens", 48)) if isinstance(data, dict) else "48"
+        options = data if isinstance(data, dict) else {}
+        reduction = ["--reduction", options["reduction"]] if "reduction" in options else []
         steps.append({"kind": "collect", "name": name, "result": folders[name],
                       "cmd": lkv("collect", "--model", model, "--data", source, "--out", str(folders[name]),
-                                 "--max-new-tokens", tokens)})
+                                 "--max-new-tokens", str(options.get("max_new_tokens", 48)), *reduction)})
     train_data = [str(folders[n]) for n in spec["train_targets"]]
     runs = {}
     for setting in spec["settings"]:

@@ -14,7 +14,8 @@ spec_.loader.exec_module(ablation)
 
 SPEC = {
     "model": "m",
-    "collect": {"train": "builtin:n=4", "held": {"data": "builtin:n=2,tasks=needle", "max_new_tokens": 8}},
+    "collect": {"train": "builtin:n=4", "held": {"data": "builtin:n=2,tasks=needle", "max_new_tokens": 8,
+                                                                 "reduction": "max"}},
     "train_targets": ["train"],
     "eval_sets": {"held": {"targets": ["held"], "split": "all"},
                   "ctx": {"targets": ["held"], "eval": {"mode": "context"}}},
@@ -38,6 +39,7 @@ def test_plan_collects_trains_then_evaluates_each_setting_on_its_sets(tmp_path):
                      ("eval", "a+tail", "held"), ("eval", "baselines", "ctx"), ("eval", "a", "ctx")]
     held = args_of(steps[1]["cmd"])
     assert held[held.index("--max-new-tokens") + 1] == "8" and str(tmp_path / "targets" / "held") in held
+    assert held[held.index("--reduction") + 1] == "max" and "--reduction" not in args_of(steps[0]["cmd"])
     b = args_of(steps[3]["cmd"])
     assert b[:1] == ["train"] and "steps=2" in b and 'exclude_tasks=["needle"]' in b and "objective.target=max" in b
     tail = args_of(steps[7]["cmd"])

@@ -15,9 +15,10 @@ from lkvcli.lookahead import left_pad
 ARCHS = ["llama", "qwen3", "gemma3"]  # gemma3: sliding window 8 on two of its three layers, prompts longer
 
 
-def eager_scores(adapter, cache, attention_mask=None, rows="mean"):
+def eager_scores(adapter, cache, attention_mask=None, rows="mean", group="mean"):
     """Reference: the lookahead tokens through eager attention over a deep copy of ``cache`` (which grows);
-    every layer's returned attention mapped to prompt slots, group-mean, query-mean, renormalised."""
+    every layer's returned attention mapped to prompt slots, group-mean (or max), query-mean (or max),
+    renormalised."""
     model = adapter.base_model
     past = cache.get_seq_length()
     batch, n = cache.layers[0].keys.shape[0], adapter.config.num_tokens
@@ -39,7 +40,8 @@ def eager_scores(adapter, cache, attention_mask=None, rows="mean"):
     layers = []
     for attn in out.attentions:  # (batch, heads, n, keys); key index 0 sits at slot past + n - keys
         keys = attn.shape[-1]
-        grouped = attn.reshape(batch, kv, -1, n, keys).mean(2)
+        per_head = attn.reshape(batch, kv, -1, n, keys)
+        grouped = per_head.mean(2) if group == "mean" else per_head.amax(2)
         mean = grouped.mean(2) if rows == "mean" else grouped.amax(2)
         full = F.pad(mean, (past + n - keys, 0))[..., :past]
         layers.append(full / full.sum(-1, keepdim=True))
@@ -111,6 +113,22 @@ def test_max_over_the_lookahead_queries_equals_eager_reference(arch):
         fast = adapter.score(cache, attention_mask=mask, query_reduction="max")
         ref = eager_scores(adapter, cache, mask, rows="max") * mask[:, None, None, :]
         mean = adapter.score(cache, attention_mask=mask)
+    torch.testing.assert_close(fast, ref, atol=1e-6, rtol=0)
+    assert (fast - mean).abs().max() > 1e-3  # a different score
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_max_over_each_kv_groups_query_heads_equals_eager_reference(arch):
+    """``lookahead.reduction: max`` (targets collected with ``--reduction max``): the group's largest attention."""
+    adapter = attached(arch)
+    assert adapter.base_model.config.num_attention_heads > adapter.base_model.config.num_key_value_heads
+    ids, mask = left_pad([prompt(n, seed=n)[0] for n in (12, 19)])
+    with torch.inference_mode():
+        cache = adapter.prefill(ids, mask)
+        mean = adapter.score(cache, attention_mask=mask)
+        adapter.config.reduction = "max"
+        fast = adapter.score(cache, attention_mask=mask)
+        ref = eager_scores(adapter, cache, mask, group="max") * mask[:, None, None, :]
     torch.testing.assert_close(fast, ref, atol=1e-6, rtol=0)
     assert (fast - mean).abs().max() > 1e-3  # a different score
 
