@@ -92,11 +92,10 @@ def plan(spec: dict, out: Path) -> list[dict]:
     steps = []
     folders = {name: out / "targets" / name for name in spec["collect"]}
     for name, data in spec["collect"].items():
-        source = data["data"] if isinstance(data, dict) else data
-        options = data if isinstance(data, dict) else {}
+        options = data if isinstance(data, dict) else {"data": data}
         reduction = ["--reduction", options["reduction"]] if "reduction" in options else []
         steps.append({"kind": "collect", "name": name, "result": folders[name],
-                      "cmd": lkv("collect", "--model", model, "--data", source, "--out", str(folders[name]),
+                      "cmd": lkv("collect", "--model", model, "--data", options["data"], "--out", str(folders[name]),
                                  "--max-new-tokens", str(options.get("max_new_tokens", 48)), *reduction)})
     train_data = [str(folders[n]) for n in spec["train_targets"]]
     runs = {}
