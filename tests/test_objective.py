@@ -101,7 +101,7 @@ def test_record_target_mix_and_missing_max(tmp_path):
     with pytest.raises(LkvError, match="extra_targets=max"):
         record_target(record, ObjectiveConfig(target="max"))
     for bad in (dict(mix=2.0), dict(temperature=0.0), dict(budget=0), dict(recall_weight=-1.0), dict(copy_weight=-0.1),
-                dict(copy_head_weight=-1.0)):
+                dict(copy_boost=-1.0), dict(copy_head_weight=-1.0)):
         with pytest.raises(LkvError, match="objective"):
             ObjectiveConfig(**bad).validate()
 
@@ -120,6 +120,26 @@ def test_copy_weight_adds_mass_on_the_copied_prompt_tokens_of_live_rows(tmp_path
     torch.testing.assert_close(got, expected / expected.sum(-1, keepdim=True).clamp_min(1e-30))
     record.response_ids = torch.tensor([prompt[0], prompt[1], prompt[2]])  # no run of 4: the target is unchanged
     assert torch.equal(record_target(record, ObjectiveConfig(target="max", copy_weight=0.5)), base)
+
+
+def test_copy_boost_multiplies_each_rows_mass_on_the_copied_tokens(tmp_path):
+    record = TargetsReader(write_tiny_targets(tmp_path / "t", tiny_model("llama"), n=1, with_max=True))[0]
+    prompt = record.prompt_ids.tolist()
+    record.response_ids = torch.tensor([7, *prompt[5:11], 7])  # copies prompt tokens 5..10
+    record.extras["max"][0, 0] = 0  # an all-zero row stays zero
+    record.extras["max"][0, 1, 5:11] = 0  # a row that does not read the copied tokens keeps its target
+    record.extras["max"][0, 1] /= record.extras["max"][0, 1].sum()
+    base = record_target(record, ObjectiveConfig(target="max"))
+    got = record_target(record, ObjectiveConfig(target="max", copy_boost=3.0))
+    for layer in range(base.shape[0]):
+        for head in range(base.shape[1]):
+            row = [float(base[layer, head, i]) * (4.0 if 5 <= i < 11 else 1.0) for i in range(record.prompt_len)]
+            total = sum(row)
+            expected = torch.tensor([x / total if total else 0.0 for x in row])
+            torch.testing.assert_close(got[layer, head], expected.to(got.dtype))
+    torch.testing.assert_close(got[0, 1], base[0, 1])
+    assert not got[0, 0].any()
+    assert (got[1:, :, 5:11].sum(-1) > base[1:, :, 5:11].sum(-1)).all()  # every reading row puts more on them
 
 
 def test_copy_head_weight_weighs_rows_by_their_mass_on_the_copied_tokens(tmp_path):
@@ -159,6 +179,7 @@ def _config(data, out, **changes):
 @pytest.mark.parametrize("objective", [ObjectiveConfig(target="max", loss="recall", budget=4),
                                        ObjectiveConfig(target="max", copy_weight=0.2),
                                        ObjectiveConfig(target="max", copy_head_weight=4.0),
+                                       ObjectiveConfig(target="max", copy_boost=3.0),
                                        ObjectiveConfig(target="mix", loss="listwise", temperature=2.0)])
 def test_training_under_other_objectives_lowers_their_loss(task_targets, tmp_path, objective):
     events = []

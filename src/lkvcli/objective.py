@@ -12,7 +12,9 @@ Targets, each (layers, kv_heads, L) and renormalised per (layer, head) row:
 ``copy_weight`` (any target): extra mass spread evenly over the prompt tokens the response copies
 (runs of 4 or more tokens it shares with the prompt) in every layer and KV head, then renormalised,
 so the lookahead learns to keep what the answer will copy in every head, not only in those that
-read it. ``copy_head_weight`` leaves the targets alone and weighs each (layer, head) row of the
+read it. ``copy_boost`` instead multiplies each row's target on those copied tokens by ``1 + copy_boost``
+and renormalises: a head that already reads them ranks them higher, a head that does not is left as it is.
+``copy_head_weight`` leaves the targets alone and weighs each (layer, head) row of the
 loss by ``1 + copy_head_weight * m``, ``m`` the row's target mass on those copied tokens, so the
 heads that read what the answer copies count more.
 
@@ -55,6 +57,7 @@ class ObjectiveConfig(Validated):
     budget: int = 64  # recall: entries per KV head whose recall the hinge pushes
     recall_weight: float = 1.0  # recall: weight of the hinge next to the KL
     copy_weight: float = 0.0  # extra target mass on the prompt tokens the response copies
+    copy_boost: float = 0.0  # each row's target on those tokens multiplied by 1 + copy_boost
     copy_head_weight: float = 0.0  # extra loss weight of the rows that attend to those tokens
 
     def validate(self) -> None:
@@ -64,6 +67,7 @@ class ObjectiveConfig(Validated):
             (self.budget >= 1, "objective.budget", "must be at least 1"),
             (self.recall_weight >= 0, "objective.recall_weight", "must be >= 0"),
             (self.copy_weight >= 0, "objective.copy_weight", "must be >= 0"),
+            (self.copy_boost >= 0, "objective.copy_boost", "must be >= 0"),
             (self.copy_head_weight >= 0, "objective.copy_head_weight", "must be >= 0"),
         ]
         for ok, name, why in checks:
@@ -78,13 +82,17 @@ class ObjectiveConfig(Validated):
 def record_target(record, config: ObjectiveConfig) -> torch.Tensor:
     """The training target of one :class:`lkvcli.targets.TargetRecord` under ``config``."""
     target = _base_target(record, config)
-    if not config.copy_weight:
+    if not (config.copy_weight or config.copy_boost):
         return target
     copied = _copied_mask(record, target.dtype)
     if not copied.any():
         return target
-    live = (target.sum(-1, keepdim=True) > 0).to(target.dtype)  # all-zero rows stay out of the loss
-    return normalise(target + config.copy_weight * live * copied / copied.sum())
+    if config.copy_boost:
+        target = normalise(target * (1 + config.copy_boost * copied))
+    if config.copy_weight:
+        live = (target.sum(-1, keepdim=True) > 0).to(target.dtype)  # all-zero rows stay out of the loss
+        target = normalise(target + config.copy_weight * live * copied / copied.sum())
+    return target
 
 
 def record_row_weights(record, config: ObjectiveConfig) -> torch.Tensor:
